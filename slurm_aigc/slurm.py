@@ -1,0 +1,339 @@
+"""The Slurm boundary: every call slurm-aigc makes to Slurm goes through `SlurmCli`.
+
+The command-line tools are the default backend because they work on every Slurm from 22.05
+to 25.x, while pyslurm must match the installed Slurm exactly and PyPI ships it only for
+25.11. Commands run as argument lists (never a shell) with a timeout; failures raise
+`SlurmCommandError` carrying argv, exit code and stderr. The interface is narrow (nodes,
+jobs, a handful of updates) so that a pyslurm backend can implement the same methods.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Protocol
+
+from slurm_aigc.errors import SlurmCommandError, SlurmParseError
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class Runner(Protocol):
+    """Runs argv with a timeout; `stdin` is only passed by `submit` (the batch script)."""
+
+    def __call__(self, argv: Sequence[str], timeout_s: float, stdin: str | None = None) -> CommandResult: ...
+
+
+def run_command(argv: Sequence[str], timeout_s: float, stdin: str | None = None) -> CommandResult:
+    """Run `argv` without a shell; a timeout becomes SlurmCommandError(returncode=None)."""
+    try:
+        completed = subprocess.run(
+            list(argv), input=stdin, capture_output=True, text=True, timeout=timeout_s, check=False,
+            errors="replace",
+        )
+    except subprocess.TimeoutExpired as error:
+        raise SlurmCommandError(argv, None, f"no answer within {timeout_s:.0f} s") from error
+    except FileNotFoundError as error:
+        raise SlurmCommandError(argv, 127, f"{argv[0]} not found: is Slurm's client installed?") from error
+    return CommandResult(tuple(argv), completed.returncode, completed.stdout, completed.stderr)
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One node as `scontrol show node -o` reports it."""
+
+    name: str
+    state: str
+    gres: str
+    gres_used: str
+    available_features: tuple[str, ...]
+    active_features: tuple[str, ...]
+    weight: int
+    cpus: int
+    partitions: tuple[str, ...]
+    fields: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """One job as `scontrol show job -o` reports it."""
+
+    job_id: str
+    name: str
+    user: str
+    account: str
+    partition: str
+    qos: str
+    state: str
+    reason: str
+    node_list: str
+    batch_flag: bool
+    requeue: bool
+    restarts: int
+    submit_time: datetime | None
+    start_time: datetime | None
+    end_time: datetime | None
+    time_limit_s: int | None
+    comment: str
+    admin_comment: str
+    tres_per_node: str
+    alloc_tres: str
+    num_nodes: int
+    features: str
+    fields: Mapping[str, str]
+
+
+# Keys whose values may contain spaces in `scontrol show -o` output; they are only safe to
+# split on when we know which keys can follow. Everything else is `Key=Value` without spaces.
+_KV_RE = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=")
+
+
+def parse_key_values(line: str) -> dict[str, str]:
+    """Split one `scontrol show ... -o` line into a mapping.
+
+    Values may contain spaces (Comment, Reason, Command with args), so a value runs until
+    the next ` Key=` token. A comment that itself contains ` Word=` is split there; callers
+    that need the exact comment read it with `squeue -O comment` instead.
+    """
+    matches = list(_KV_RE.finditer(line))
+    result: dict[str, str] = {}
+    for current, following in zip(matches, matches[1:] + [None]):
+        end = following.start() if following else len(line)
+        result[current.group(1)] = line[current.end():end].strip()
+    return result
+
+
+def parse_time(value: str | None) -> datetime | None:
+    """Slurm's `2024-05-01T12:00:00` or `Unknown`/`None`/empty -> datetime or None."""
+    if not value or value in {"Unknown", "None", "N/A"}:
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        return None
+
+
+def parse_duration_s(value: str | None) -> int | None:
+    """`[days-]hh:mm:ss`, `mm:ss`, `UNLIMITED` -> seconds (None for unlimited/unknown)."""
+    if not value or value in {"UNLIMITED", "Partition_Limit", "NONE", "INVALID"}:
+        return None
+    days = 0
+    if "-" in value:
+        day_text, value = value.split("-", 1)
+        days = int(day_text)
+    parts = [int(p) for p in value.split(":")]
+    while len(parts) < 3:
+        parts.insert(0, 0)
+    hours, minutes, seconds = parts[-3:]
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def _csv_tuple(value: str | None) -> tuple[str, ...]:
+    if not value or value == "(null)":
+        return ()
+    return tuple(part for part in value.split(",") if part)
+
+
+def node_from_fields(fields: Mapping[str, str]) -> NodeInfo:
+    return NodeInfo(
+        name=fields["NodeName"],
+        state=fields.get("State", ""),
+        gres=_null_empty(fields.get("Gres")),
+        gres_used=_null_empty(fields.get("GresUsed")),
+        available_features=_csv_tuple(fields.get("AvailableFeatures")),
+        active_features=_csv_tuple(fields.get("ActiveFeatures")),
+        weight=int(fields.get("Weight", "1") or 1),
+        cpus=int(fields.get("CPUTot", "0") or 0),
+        partitions=_csv_tuple(fields.get("Partitions")),
+        fields=dict(fields),
+    )
+
+
+def job_from_fields(fields: Mapping[str, str]) -> JobInfo:
+    user = fields.get("UserId", "").split("(", 1)[0]
+    return JobInfo(
+        job_id=fields["JobId"],
+        name=fields.get("JobName", ""),
+        user=user,
+        account=_null_empty(fields.get("Account")),
+        partition=_null_empty(fields.get("Partition")),
+        qos=_null_empty(fields.get("QOS")),
+        state=fields.get("JobState", ""),
+        reason=_null_empty(fields.get("Reason")),
+        node_list=_null_empty(fields.get("NodeList")),
+        batch_flag=fields.get("BatchFlag", "0") == "1",
+        requeue=fields.get("Requeue", "0") == "1",
+        restarts=int(fields.get("Restarts", "0") or 0),
+        submit_time=parse_time(fields.get("SubmitTime")),
+        start_time=parse_time(fields.get("StartTime")),
+        end_time=parse_time(fields.get("EndTime")),
+        time_limit_s=parse_duration_s(fields.get("TimeLimit")),
+        comment=_null_empty(fields.get("Comment")),
+        admin_comment=_null_empty(fields.get("AdminComment")),
+        tres_per_node=_null_empty(fields.get("TresPerNode")),
+        alloc_tres=_null_empty(fields.get("AllocTRES")),
+        num_nodes=int((fields.get("NumNodes", "1") or "1").split("-")[0]),
+        features=_null_empty(fields.get("Features")),
+        fields=dict(fields),
+    )
+
+
+def _null_empty(value: str | None) -> str:
+    return "" if value in (None, "(null)") else str(value)
+
+
+def slurm_conf_path() -> Path:
+    """The slurm.conf clients use: `$SLURM_CONF`, else Debian's /etc/slurm/slurm.conf."""
+    return Path(os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf"))
+
+
+def slurm_conf_dir() -> Path:
+    """Slurm's config directory (where job_submit.lua lives), following symlinks."""
+    return slurm_conf_path().resolve().parent
+
+
+class SlurmCli:
+    """Slurm through its command-line tools."""
+
+    def __init__(self, runner: Runner = run_command, timeout_s: float = 30.0) -> None:
+        self._runner = runner
+        self._timeout_s = timeout_s
+
+    def run(self, tool: str, args: Sequence[str]) -> CommandResult:
+        """Run one Slurm tool; a non-zero exit raises SlurmCommandError."""
+        result = self._runner([tool, *args], self._timeout_s)
+        if result.returncode != 0:
+            raise SlurmCommandError(result.argv, result.returncode, result.stderr or result.stdout)
+        return result
+
+    def version(self) -> tuple[int, int, int]:
+        """`scontrol --version` -> (22, 5, 8)."""
+        text = self.run("scontrol", ["--version"]).stdout
+        match = re.search(r"(\d+)\.(\d+)\.(\d+)", text)
+        if not match:
+            raise SlurmParseError(f"cannot read a version from {text.strip()!r}")
+        major, minor, patch = (int(g) for g in match.groups())
+        return major, minor, patch
+
+    def nodes(self, names: Sequence[str] | None = None) -> list[NodeInfo]:
+        """`scontrol show node -o [NAMES]`."""
+        args = ["show", "node", "-o"] + ([",".join(names)] if names else [])
+        return [node_from_fields(parse_key_values(line)) for line in _lines(self.run("scontrol", args).stdout)]
+
+    def node(self, name: str) -> NodeInfo:
+        nodes = self.nodes([name])
+        if not nodes:
+            raise SlurmParseError(f"scontrol show node {name} returned nothing")
+        return nodes[0]
+
+    def update_node(self, name: str, *, features: Sequence[str] | None = None, weight: int | None = None) -> None:
+        """`scontrol update NodeName=N AvailableFeatures=.. ActiveFeatures=.. Weight=..`."""
+        args = ["update", f"NodeName={name}"]
+        if features is not None:
+            joined = ",".join(features)
+            args += [f"AvailableFeatures={joined}", f"ActiveFeatures={joined}"]
+        if weight is not None:
+            args.append(f"Weight={weight}")
+        self.run("scontrol", args)
+
+    def jobs(self) -> list[JobInfo]:
+        """`scontrol show job -o`: every job slurmctld still remembers."""
+        result = self._runner(["scontrol", "show", "job", "-o"], self._timeout_s)
+        if result.returncode != 0:
+            if "No jobs in the system" in result.stdout + result.stderr:
+                return []
+            raise SlurmCommandError(result.argv, result.returncode, result.stderr)
+        return [job_from_fields(parse_key_values(line)) for line in _lines(result.stdout) if line.startswith("JobId=")]
+
+    def job(self, job_id: str) -> JobInfo | None:
+        """`scontrol show job -o ID`, or None once slurmctld has forgotten the job."""
+        result = self._runner(["scontrol", "show", "job", "-o", str(job_id)], self._timeout_s)
+        if result.returncode != 0:
+            if "Invalid job id" in result.stderr:
+                return None
+            raise SlurmCommandError(result.argv, result.returncode, result.stderr)
+        lines = [line for line in _lines(result.stdout) if line.startswith("JobId=")]
+        return job_from_fields(parse_key_values(lines[0])) if lines else None
+
+    def submit(self, args: Sequence[str], script: str, *, user: str | None = None) -> str:
+        """`sbatch --parsable ARGS` with the script on stdin (as `user` via runuser when given)."""
+        argv = ["sbatch", "--parsable", *args]
+        if user:
+            argv = ["runuser", "-u", user, "--", *argv]
+        result = self._runner(argv, self._timeout_s, stdin=script)
+        if result.returncode != 0:
+            raise SlurmCommandError(result.argv, result.returncode, result.stderr)
+        return result.stdout.strip().split(";", 1)[0]
+
+    def requeue(self, job_id: str, *, hold: bool = False) -> None:
+        """`scontrol requeue ID` or `scontrol requeuehold ID`."""
+        self.run("scontrol", ["requeuehold" if hold else "requeue", str(job_id)])
+
+    def hold(self, job_id: str) -> None:
+        self.run("scontrol", ["hold", str(job_id)])
+
+    def release(self, job_id: str) -> None:
+        self.run("scontrol", ["release", str(job_id)])
+
+    def update_job(self, job_id: str, **fields: str) -> None:
+        """`scontrol update JobId=ID Key=Value ...`."""
+        self.run("scontrol", ["update", f"JobId={job_id}", *(f"{k}={v}" for k, v in fields.items())])
+
+    def cancel(self, job_id: str, *, signal: str | None = None, batch_only: bool = False) -> None:
+        """`scancel [--signal=SIG] [--batch] ID`."""
+        args = ([f"--signal={signal}"] if signal else []) + (["--batch"] if batch_only else []) + [str(job_id)]
+        self.run("scancel", args)
+
+    def notify(self, job_id: str, message: str) -> None:
+        """`scontrol notify ID MESSAGE`: written to the job's stderr by srun/sbatch."""
+        self.run("scontrol", ["notify", str(job_id), message])
+
+    def job_of_pid(self, pid: int) -> str | None:
+        """`scontrol pidinfo PID` -> job id, or None when the pid is not in a Slurm job."""
+        result = self._runner(["scontrol", "pidinfo", str(pid)], self._timeout_s)
+        match = re.search(r"Slurm JobId=(\d+)|JobId=(\d+)", result.stdout)
+        if result.returncode != 0 or not match:
+            return None
+        return match.group(1) or match.group(2)
+
+    def reconfigure(self) -> None:
+        """`scontrol reconfigure` (forgets features/weights set by `scontrol update`)."""
+        self.run("scontrol", ["reconfigure"])
+
+    def show_config(self) -> dict[str, str]:
+        """`scontrol show config` as a mapping."""
+        config: dict[str, str] = {}
+        for line in _lines(self.run("scontrol", ["show", "config"]).stdout):
+            key, sep, value = line.partition("=")
+            if sep:
+                config[key.strip()] = value.strip()
+        return config
+
+    def ping(self) -> bool:
+        """`scontrol ping`: True when the primary slurmctld answers UP."""
+        result = self._runner(["scontrol", "ping"], self._timeout_s)
+        return result.returncode == 0 and "UP" in result.stdout
+
+    def describe(self) -> str:
+        return f"SlurmCli(timeout={self._timeout_s}s)"
+
+
+def _lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def quote_argv(argv: Sequence[str]) -> str:
+    """Render argv for logs as an admin would retype it."""
+    return " ".join(shlex.quote(a) for a in argv)
