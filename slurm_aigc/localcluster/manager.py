@@ -1,0 +1,407 @@
+"""Brings the local cluster up and down: packages, munge, MariaDB, slurmdbd, slurmctld, one slurmd per node.
+
+Every process we start is recorded by pid in `<state>/run/<name>.pid` (with its command
+line), so `down` stops only what `up` started, and `up` skips what is already running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_aigc.errors import ClusterError
+from slurm_aigc.localcluster import config
+from slurm_aigc.localcluster.shape import ClusterShape, parse_shape, shape_to_text
+from slurm_aigc.slurm import SlurmCli
+
+DEFAULT_STATE_DIR = Path("/var/lib/slurm-aigc/cluster")
+DEFAULT_SIMGPU_DIR = Path("/var/lib/slurm-aigc/simgpu")
+SYSTEM_SLURM_CONF = Path("/etc/slurm/slurm.conf")
+APT_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "slurmdbd", "munge", "mariadb-server", "lua5.1", "liblua5.1-0")
+REQUIRED_BINARIES = ("slurmctld", "slurmd", "slurmdbd", "sbatch", "sacctmgr", "munged", "mariadbd", "luac5.1")
+NVIDIA_MAJOR = 195
+
+Progress = Callable[[str], None]
+
+
+def state_dir_default() -> Path:
+    return Path(os.environ.get("SLURM_AIGC_CLUSTER_DIR", str(DEFAULT_STATE_DIR)))
+
+
+def simgpu_dir_default() -> Path:
+    return Path(os.environ.get("SLURM_AIGC_SIMGPU_DIR", str(DEFAULT_SIMGPU_DIR)))
+
+
+@dataclass(frozen=True)
+class ProcessStatus:
+    name: str
+    pid: int | None
+    running: bool
+
+
+# ---------------------------------------------------------------- packages
+
+def missing_binaries() -> list[str]:
+    return [b for b in REQUIRED_BINARIES if shutil.which(b) is None and not Path("/usr/sbin", b).exists()]
+
+
+def install_packages(progress: Progress) -> None:
+    """`apt-get install` Debian's Slurm, munge, MariaDB and Lua, skipping what is installed."""
+    if not missing_binaries():
+        progress("packages: all present, skipping apt")
+        return
+    if os.geteuid() != 0:
+        raise ClusterError("installing packages needs root")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    # Debian's postinst scripts would try to start services; there is no init system here.
+    policy = Path("/usr/sbin/policy-rc.d")
+    created_policy = not policy.exists()
+    if created_policy:
+        policy.write_text("#!/bin/sh\nexit 101\n")
+        policy.chmod(0o755)
+    try:
+        progress("packages: apt-get update")
+        _run(["apt-get", "update", "-q"], env=env, timeout_s=600)
+        progress(f"packages: apt-get install {' '.join(APT_PACKAGES)} (about a minute)")
+        _run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *APT_PACKAGES], env=env, timeout_s=1200)
+    finally:
+        if created_policy:
+            policy.unlink(missing_ok=True)
+    if missing := missing_binaries():
+        raise ClusterError(f"still missing after apt: {', '.join(missing)}")
+
+
+def _run(argv: Sequence[str], *, env: dict[str, str] | None = None, timeout_s: float = 60, stdin: str | None = None,
+         check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(list(argv), input=stdin, capture_output=True, text=True, env=env, timeout=timeout_s, check=False)
+    if check and result.returncode != 0:
+        raise ClusterError(f"{' '.join(argv)} exited {result.returncode}: {(result.stderr or result.stdout).strip()[-800:]}")
+    return result
+
+
+def slurm_version() -> tuple[int, int, int]:
+    text = _run(["slurmd", "-V"]).stdout
+    parts = text.split()[-1].split(".")
+    return int(parts[0]), int(parts[1]), int("".join(c for c in parts[2] if c.isdigit()) or 0)
+
+
+# ---------------------------------------------------------------- processes
+
+class ProcessTable:
+    """Pid files of the processes `up` started: `<run>/<name>.pid` holds pid and argv."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+
+    def _file(self, name: str) -> Path:
+        return self.run_dir / f"{name}.proc.json"
+
+    def alive(self, name: str) -> bool:
+        pid = self.pid(name)
+        return pid is not None and _pid_alive(pid)
+
+    def pid(self, name: str) -> int | None:
+        try:
+            return int(json.loads(self._file(name).read_text())["pid"])
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def start(self, name: str, argv: Sequence[str], log: Path, env: dict[str, str] | None = None) -> int:
+        with open(log, "ab") as out:
+            process = subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       start_new_session=True, env=env)
+        self._file(name).write_text(json.dumps({"pid": process.pid, "argv": list(argv)}))
+        return process.pid
+
+    def names(self) -> list[str]:
+        return sorted(p.name.removesuffix(".proc.json") for p in self.run_dir.glob("*.proc.json"))
+
+    def stop(self, name: str, timeout_s: float = 15.0) -> bool:
+        """SIGTERM our process, SIGKILL it after `timeout_s`; True if it was running."""
+        pid = self.pid(name)
+        self._file(name).unlink(missing_ok=True)
+        if pid is None or not _pid_alive(pid):
+            return False
+        os.kill(pid, signal.SIGTERM)
+        if not _wait(lambda: not _pid_alive(pid), timeout_s):
+            os.kill(pid, signal.SIGKILL)
+            _wait(lambda: not _pid_alive(pid), 5)
+        return True
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie child of ours counts as gone
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split(") ", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval_s)
+    return predicate()
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+# ---------------------------------------------------------------- the cluster
+
+class LocalCluster:
+    """The local cluster described by `state_dir`: `up()`, `down()`, `status()`."""
+
+    def __init__(self, state_dir: Path | None = None, simgpu_dir: Path | None = None,
+                 progress: Progress = lambda message: None) -> None:
+        self.state_dir = (state_dir or state_dir_default()).resolve()
+        self.simgpu_dir = (simgpu_dir or simgpu_dir_default()).resolve()
+        self.progress = progress
+        self.processes = ProcessTable(self.state_dir / "run")
+        self.slurm = SlurmCli()
+
+    # ---- public
+    @property
+    def ready_file(self) -> Path:
+        return self.state_dir / "READY"
+
+    @property
+    def etc_dir(self) -> Path:
+        return self.state_dir / "etc"
+
+    def shape(self) -> ClusterShape:
+        try:
+            return parse_shape((self.state_dir / "shape").read_text().strip())
+        except OSError as error:
+            raise ClusterError(f"no cluster in {self.state_dir}: run `slurm-aigc cluster up`") from error
+
+    def up(self, shape_text: str | None = None, *, install: bool = True, timeout_s: float = 120) -> ClusterShape:
+        started = time.monotonic()
+        if install:
+            install_packages(self.progress)
+        shape = parse_shape(shape_text or self._saved_shape_text() or parse_shape_default())
+        if self.ready_file.exists() and self._saved_shape_text() not in (None, shape_to_text(shape)):
+            raise ClusterError(f"a cluster of shape {self._saved_shape_text()} is up; `slurm-aigc cluster down` first")
+        layout = config.Layout(self.state_dir, socket.gethostname().split(".")[0], slurm_version())
+        self.ready_file.unlink(missing_ok=True)
+        self._prepare(shape, layout)
+        self._start_munge()
+        self._start_mariadb(layout)
+        self._start_slurmdbd(layout)
+        self._ensure_accounting()
+        self._start_slurmctld(layout)
+        self._start_slurmds(shape, layout)
+        self._wait_nodes_idle(shape, timeout_s)
+        self._write_simgpu(shape)
+        self.ready_file.write_text(f"{time.time():.0f}\n")
+        self.progress(f"cluster up: {len(shape.nodes)} nodes, {shape.total_gpus} GPUs in {time.monotonic() - started:.1f} s")
+        return shape
+
+    def down(self, purge: bool = False) -> list[str]:
+        """Stop what `up` started (slurmd first, MariaDB last); `purge` removes all state."""
+        self.ready_file.unlink(missing_ok=True)
+        order = [n for n in self.processes.names() if n.startswith("slurmd-")] + ["slurmctld", "slurmdbd", "mariadb", "munged"]
+        stopped = [name for name in order if self.processes.stop(name)]
+        for name in stopped:
+            self.progress(f"stopped {name}")
+        if purge:
+            self._unlink_system_conf()
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+            shutil.rmtree(self.simgpu_dir, ignore_errors=True)
+            self.progress(f"purged {self.state_dir} and {self.simgpu_dir}")
+        return stopped
+
+    def status(self) -> list[ProcessStatus]:
+        return [ProcessStatus(name, self.processes.pid(name), self.processes.alive(name)) for name in self.processes.names()]
+
+    # ---- steps
+    def _saved_shape_text(self) -> str | None:
+        path = self.state_dir / "shape"
+        return path.read_text().strip() if path.exists() else None
+
+    def _prepare(self, shape: ClusterShape, layout: config.Layout) -> None:
+        for directory in (layout.etc, layout.log, layout.run, layout.spool / "ctld", layout.dev):
+            directory.mkdir(parents=True, exist_ok=True)
+        (self.state_dir / "shape").write_text(shape_to_text(shape) + "\n")
+        for node in shape.nodes:
+            (layout.spool / f"slurmd-{node.name}").mkdir(parents=True, exist_ok=True)
+            for index in range(node.gpu_count):
+                _make_char_device(layout.gpu_device(node.name, index), NVIDIA_MAJOR, index)
+        _write_if_changed(layout.slurm_conf, config.render_slurm_conf(shape, layout))
+        _write_if_changed(layout.etc / "gres.conf", config.render_gres_conf(shape, layout))
+        _write_if_changed(layout.etc / "cgroup.conf", config.render_cgroup_conf(layout))
+        dbd_conf = layout.etc / "slurmdbd.conf"
+        _write_if_changed(dbd_conf, config.render_slurmdbd_conf(layout, self._db_password()))
+        dbd_conf.chmod(0o600)
+        hook = layout.etc / "job_submit.lua"
+        if not hook.exists():
+            hook.write_text(config.PASS_THROUGH_HOOK)
+        self._link_system_conf(layout.slurm_conf)
+        for user in config.TEST_USERS:
+            if _run(["id", user], check=False).returncode != 0:
+                _run(["useradd", "--create-home", "--shell", "/bin/bash", user])
+        self.progress(f"config written to {layout.etc}")
+
+    def _db_password(self) -> str:
+        path = self.state_dir / "db-password"
+        if not path.exists():
+            path.write_text(secrets.token_hex(12))
+            path.chmod(0o600)
+        return path.read_text().strip()
+
+    def _link_system_conf(self, target: Path) -> None:
+        """Point /etc/slurm/slurm.conf at ours so plain `sbatch` works; never clobber a real file."""
+        SYSTEM_SLURM_CONF.parent.mkdir(parents=True, exist_ok=True)
+        if SYSTEM_SLURM_CONF.is_symlink() or not SYSTEM_SLURM_CONF.exists():
+            SYSTEM_SLURM_CONF.unlink(missing_ok=True)
+            SYSTEM_SLURM_CONF.symlink_to(target)
+        elif SYSTEM_SLURM_CONF.resolve() != target:
+            raise ClusterError(f"{SYSTEM_SLURM_CONF} is a real file (a configured Slurm?); not touching it")
+
+    def _unlink_system_conf(self) -> None:
+        if SYSTEM_SLURM_CONF.is_symlink() and SYSTEM_SLURM_CONF.resolve().is_relative_to(self.state_dir):
+            SYSTEM_SLURM_CONF.unlink()
+
+    def _start_munge(self) -> None:
+        if _run(["sh", "-c", "munge -n | unmunge"], check=False).returncode == 0:
+            self.progress("munge: already answering")
+            return
+        Path("/run/munge").mkdir(parents=True, exist_ok=True)
+        shutil.chown("/run/munge", "munge", "munge")
+        key = Path("/etc/munge/munge.key")
+        if not key.exists():
+            _run(["mungekey", "--create"])
+            shutil.chown(key, "munge", "munge")
+        self.processes.start("munged", ["runuser", "-u", "munge", "--", "munged", "--foreground"],
+                             self.state_dir / "log" / "munged.log")
+        if not _wait(lambda: _run(["sh", "-c", "munge -n | unmunge"], check=False).returncode == 0, 15):
+            raise ClusterError("munged did not start: see log/munged.log")
+        self.progress("munge: started")
+
+    def _start_mariadb(self, layout: config.Layout) -> None:
+        socket_path = layout.run / "mysqld.sock"
+        if not self.processes.alive("mariadb"):
+            if not (layout.mysql_data / "mysql").exists():
+                self.progress("mariadb: initialising data directory")
+                layout.mysql_data.mkdir(parents=True, exist_ok=True)
+                shutil.chown(layout.mysql_data, "mysql", "mysql")
+                _run(["mariadb-install-db", "--user=mysql", f"--datadir={layout.mysql_data}",
+                      "--auth-root-authentication-method=socket", "--skip-test-db"], timeout_s=180)
+            shutil.chown(layout.run, "root", "mysql")
+            layout.run.chmod(0o775)
+            self.processes.start("mariadb", [
+                "mariadbd", "--user=mysql", f"--datadir={layout.mysql_data}", f"--socket={socket_path}",
+                f"--port={layout.mysql_port}", "--bind-address=127.0.0.1", f"--pid-file={layout.run}/mysqld.pid",
+                "--innodb-buffer-pool-size=64M", "--innodb-lock-wait-timeout=900", "--skip-name-resolve",
+            ], layout.log / "mariadb.log")
+        if not _wait(lambda: _port_open(layout.mysql_port) and socket_path.exists(), 60):
+            raise ClusterError("mariadb did not start: see log/mariadb.log")
+        password = self._db_password()
+        sql = (f"CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}';"
+               f"ALTER USER 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}';"
+               "CREATE DATABASE IF NOT EXISTS slurm_acct_db;"
+               "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';")
+        _run(["mariadb", f"--socket={socket_path}", "-u", "root", "-e", sql])
+        self.progress("mariadb: up")
+
+    def _start_slurmdbd(self, layout: config.Layout) -> None:
+        if not self.processes.alive("slurmdbd"):
+            env = dict(os.environ, SLURM_CONF=str(layout.slurm_conf))
+            self.processes.start("slurmdbd", ["slurmdbd", "-D"],
+                                 layout.log / "slurmdbd.stdout", env)
+        if not _wait(lambda: _port_open(layout.dbd_port) or not self.processes.alive("slurmdbd"), 60) \
+                or not self.processes.alive("slurmdbd"):
+            raise ClusterError(f"slurmdbd did not start: see {layout.log}/slurmdbd.log")
+        self.progress("slurmdbd: up")
+
+    def _ensure_accounting(self) -> None:
+        """Cluster, account and test users in slurmdbd (idempotent)."""
+        def sacctmgr(*args: str) -> None:
+            result = _run(["sacctmgr", "-i", *args], check=False, timeout_s=60)
+            text = result.stdout + result.stderr
+            if result.returncode != 0 and "already exist" not in text and "Nothing new added" not in text:
+                raise ClusterError(f"sacctmgr {' '.join(args)}: {text.strip()}")
+        sacctmgr("add", "cluster", config.CLUSTER_NAME)
+        sacctmgr("add", "account", config.ACCOUNT, f"cluster={config.CLUSTER_NAME}", "Description=slurm-aigc local")
+        for user in (*config.TEST_USERS, "root"):
+            sacctmgr("add", "user", user, f"account={config.ACCOUNT}", f"cluster={config.CLUSTER_NAME}")
+        self.progress("accounting: cluster, account and users present")
+
+    def _start_slurmctld(self, layout: config.Layout) -> None:
+        env = dict(os.environ, SLURM_CONF=str(layout.slurm_conf))
+        if self.processes.alive("slurmctld"):
+            _run(["scontrol", "reconfigure"], check=False)
+        else:
+            self.processes.start("slurmctld", ["slurmctld", "-D", "-i", "-f", str(layout.slurm_conf)],
+                                 layout.log / "slurmctld.stdout", env)
+        if not _wait(lambda: self.slurm.ping() or not self.processes.alive("slurmctld"), 60) or not self.slurm.ping():
+            raise ClusterError(f"slurmctld did not answer: see {layout.log}/slurmctld.log")
+        self.progress("slurmctld: up")
+
+    def _start_slurmds(self, shape: ClusterShape, layout: config.Layout) -> None:
+        env = dict(os.environ, SLURM_CONF=str(layout.slurm_conf), SLURM_AIGC_SIMGPU_DIR=str(self.simgpu_dir))
+        for node in shape.nodes:
+            name = f"slurmd-{node.name}"
+            if not self.processes.alive(name):
+                self.processes.start(name, ["slurmd", "-D", "-N", node.name, "-f", str(layout.slurm_conf)],
+                                     layout.log / f"{name}.stdout", env)
+        self.progress(f"slurmd: {len(shape.nodes)} nodes started")
+
+    def _wait_nodes_idle(self, shape: ClusterShape, timeout_s: float) -> None:
+        names = {node.name for node in shape.nodes}
+
+        def all_idle() -> bool:
+            states = {n.name: n.state for n in self.slurm.nodes() if n.name in names}
+            for name, state in states.items():
+                if "DOWN" in state or "DRAIN" in state:
+                    self.slurm.run("scontrol", ["update", f"NodeName={name}", "State=RESUME"])
+            return len(states) == len(names) and all(s.split("+")[0] in {"IDLE", "MIXED", "ALLOCATED"} for s in states.values())
+
+        if not _wait(all_idle, timeout_s, 0.5):
+            states = ", ".join(f"{n.name}={n.state}" for n in self.slurm.nodes())
+            raise ClusterError(f"nodes not idle after {timeout_s:.0f} s: {states}")
+        self.progress("nodes: all idle")
+
+    def _write_simgpu(self, shape: ClusterShape) -> None:
+        from slurm_aigc.localcluster.simgpu_inventory import write_inventories
+        write_inventories(shape, self.simgpu_dir)
+
+
+def parse_shape_default() -> str:
+    from slurm_aigc.localcluster.shape import DEFAULT_SHAPE
+    return DEFAULT_SHAPE
+
+
+def _make_char_device(path: Path, major: int, minor: int) -> None:
+    if path.exists():
+        if stat.S_ISCHR(path.stat().st_mode):
+            return
+        path.unlink()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
