@@ -95,17 +95,18 @@ class JobInfo:
     fields: Mapping[str, str]
 
 
-# Keys whose values may contain spaces in `scontrol show -o` output; they are only safe to
-# split on when we know which keys can follow. Everything else is `Key=Value` without spaces.
-_KV_RE = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=")
+# Slurm's keys are CamelCase (`JobId`, `ReqB:S:C:T`, `CPUs/Task`); user text such as the
+# comment's `aigc:type=infer` tags starts lower-case, so only an upper-case word starts a key.
+_KV_RE = re.compile(r"(?:^|\s)([A-Z][A-Za-z0-9_:/]*)=")
 
 
 def parse_key_values(line: str) -> dict[str, str]:
     """Split one `scontrol show ... -o` line into a mapping.
 
     Values may contain spaces (Comment, Reason, Command with args), so a value runs until
-    the next ` Key=` token. A comment that itself contains ` Word=` is split there; callers
-    that need the exact comment read it with `squeue -O comment` instead.
+    the next ` Key=` token. A comment that itself contains ` Word=` with an upper-case
+    first letter is split there; callers that need the exact comment read it with
+    `squeue -O comment` instead.
     """
     matches = list(_KV_RE.finditer(line))
     result: dict[str, str] = {}
@@ -183,7 +184,7 @@ def job_from_fields(fields: Mapping[str, str]) -> JobInfo:
         comment=_null_empty(fields.get("Comment")),
         admin_comment=_null_empty(fields.get("AdminComment")),
         tres_per_node=_null_empty(fields.get("TresPerNode")),
-        alloc_tres=_null_empty(fields.get("AllocTRES")),
+        alloc_tres=_null_empty(fields.get("AllocTRES") or fields.get("TRES")),
         num_nodes=int((fields.get("NumNodes", "1") or "1").split("-")[0]),
         features=_null_empty(fields.get("Features")),
         fields=dict(fields),

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The test command: as root on Debian 12/13, installs what is missing, brings the local
+# Slurm cluster up (or reuses it) and runs the whole suite, unit and integration.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+start=$(date +%s)
+bash scripts/setup-venv.sh
+.venv/bin/slurm-aigc cluster up
+echo "[test] setup and bring-up took $(( $(date +%s) - start )) s" >&2
+.venv/bin/python -m pytest -p no:cacheprovider -q -rs --durations=15 "$@"
+echo "[test] total $(( $(date +%s) - start )) s" >&2

@@ -1,0 +1,57 @@
+"""Helpers for integration tests: submit jobs and wait for conditions with deadlines."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import TypeVar
+
+from slurm_aigc.slurm import JobInfo
+
+T = TypeVar("T")
+
+TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+
+
+def submit(cluster: object, script_text: str, *sbatch_args: str, user: str | None = "aigc-alice") -> str:
+    """sbatch SCRIPT (as `user`; None = root); output goes to /tmp/slurm-aigc-test-%j.out."""
+    args = ["--chdir=/tmp", "--output=/tmp/slurm-aigc-test-%j.out", *sbatch_args]
+    if not script_text.startswith("#!"):
+        script_text = "#!/bin/bash\n" + script_text
+    return cluster.slurm.submit(args, script_text, user=user)  # type: ignore[attr-defined, no-any-return]
+
+
+def wait_for(predicate: Callable[[], T | None], timeout_s: float, what: str, interval_s: float = 0.5) -> T:
+    """Poll `predicate` until it returns a truthy value; fail naming `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def wait_job_state(cluster: object, job_id: str, states: Iterable[str] | str, timeout_s: float = 60) -> JobInfo:
+    """Wait until the job's state (first word, e.g. RUNNING) is one of `states`."""
+    wanted = {states} if isinstance(states, str) else set(states)
+
+    def current() -> JobInfo | None:
+        job = cluster.slurm.job(job_id)  # type: ignore[attr-defined]
+        return job if job is not None and job.state.split()[0] in wanted else None
+
+    return wait_for(current, timeout_s, f"job {job_id} to reach {sorted(wanted)}")
+
+
+def job_output(job_id: str) -> str:
+    with open(f"/tmp/slurm-aigc-test-{job_id}.out") as handle:
+        return handle.read()
+
+
+def cancel_quietly(cluster: object, *job_ids: str) -> None:
+    for job_id in job_ids:
+        try:
+            cluster.slurm.cancel(job_id)  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - cleanup must not hide the test's own failure
+            pass
