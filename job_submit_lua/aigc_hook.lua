@@ -1,0 +1,600 @@
+-- aigc_hook.lua: the rules of the slurm-aigc job_submit hook, as pure local functions.
+--
+-- `slurm-aigc policy install` renders ONE self-contained job_submit.lua:
+--     local AIGC_POLICY = { ...rendered from etc/slurm-aigc.yaml... }
+--     local AIGC_HOOK = (function(...) <this file> end)(AIGC_POLICY)
+--     <job_submit.lua: the thin slurm_job_submit / slurm_job_modify entry>
+-- so slurmctld needs no package.path and `slurm-aigc classify` runs the very same text in lupa.
+--
+-- Written for Lua 5.1 (Debian's slurmctld links liblua5.1). Everything that does not depend on
+-- the job is computed once, when slurmctld loads the file; the per-job path reads a handful of
+-- job_desc fields and builds strings only when it rewrites something.
+
+local P = ...
+local slurm = slurm
+
+local find, sub, match, gmatch, gsub, lower, format = string.find, string.sub, string.match, string.gmatch,
+    string.gsub, string.lower, string.format
+local ceil, tostring, tonumber, type, ipairs = math.ceil, tostring, tonumber, type, ipairs
+
+local NO_VAL = 4294967294
+local INFINITE = 4294967295
+local TAG_PREFIX = "aigc:"
+local JOB_PENDING = 0
+
+local M = {}
+
+-- ---------------------------------------------------------------------------------------------
+-- Precomputed policy views (load time).
+
+local CLASS_SET = {}
+for name, _ in pairs(P.classes) do CLASS_SET[name] = true end
+
+local UNTOUCHED = {}
+for _, name in ipairs(P.hook.untouched_classes) do UNTOUCHED[name] = true end
+
+-- GPU types sorted by memory, ascending (the renderer already sorts; keep a local array).
+local TYPES = P.inventory.gpu_types
+local CLASS_KEY = P.hook.comment_class_key .. "="
+local DEBUG = P.hook.debug_log
+local STRICT = P.hook.strict_tags
+local SHARD_GRES = P.inventory.shard_gres
+
+local function set_of(list)
+    local set = {}
+    for _, item in ipairs(list) do set[item] = true end
+    return set
+end
+
+local function set_of_names(records)
+    local set = {}
+    for _, record in ipairs(records) do set[record.name] = true end
+    return set
+end
+
+local SHARD_CLASSES = set_of(P.rewrites.shard.classes)
+local NVLINK_CLASSES = set_of(P.rewrites.nvlink.classes)
+
+-- Detection needs the GPU count only when some rule looks at it.
+local DETECTION_NEEDS_GPUS = false
+for _, rule in ipairs(P.detection) do
+    if rule.min_gpus or rule.max_gpus then DETECTION_NEEDS_GPUS = true end
+end
+
+local KNOWN_KEYS = { type = true, model = true, vram = true, share = true, nvlink = true }
+local BOOLEANS = { yes = true, ["true"] = true, ["1"] = true, on = true, no = false, ["false"] = false, ["0"] = false, off = false }
+local UNIT_GIB = { k = 1 / 1048576, m = 1 / 1024, g = 1, t = 1024 }
+
+local GRES_FIELDS = { "tres_per_node", "tres_per_job", "tres_per_socket", "tres_per_task" }
+local GRES_FIELD_SET = set_of(GRES_FIELDS)
+
+-- ---------------------------------------------------------------------------------------------
+-- Tags: `aigc:key=value,key=value` anywhere in the comment.
+
+local function parse_vram_gib(text)
+    local number, unit = match(text, "^(%d+%.?%d*)%s*([KkMmGgTt])[iI]?[bB]?$")
+    if not number then return nil end
+    local gib = tonumber(number) * UNIT_GIB[lower(unit)]
+    if gib <= 0 then return nil end
+    return gib
+end
+
+-- One problem per bad pair: {text = "vram=lots", why = "...", fix = "..."}.
+local function check_pair(key, value)
+    if value == "" then return nil, "empty value", "give a value or drop the key" end
+    if key == "type" then
+        local class = lower(value)
+        if CLASS_SET[class] then return class end
+        return nil, "unknown class", "use one of " .. P.class_list_text
+    elseif key == "model" then
+        local model = gsub(value, "[^%w_%.%-]", "_")
+        if #model > 64 then model = sub(model, 1, 64) end
+        return model
+    elseif key == "vram" then
+        local gib = parse_vram_gib(value)
+        if gib then return gib end
+        return nil, "not a size", "give a per-GPU size with a unit, e.g. vram=20G"
+    elseif key == "share" or key == "nvlink" then
+        local flag = BOOLEANS[lower(value)]
+        if flag ~= nil then return flag end
+        return nil, "not yes/no", "use " .. key .. "=yes or " .. key .. "=no"
+    end
+    return nil, "unknown key", "known keys: type, model, vram, share, nvlink"
+end
+
+-- Returns (tags or nil, problems or nil). Only the first `aigc:` in the comment is read.
+local function parse_tags(comment)
+    if type(comment) ~= "string" then return nil end
+    local at = find(comment, TAG_PREFIX, 1, true)
+    if not at then return nil end
+    local body = match(comment, "^%S*", at + #TAG_PREFIX)
+    local tags, problems = {}, nil
+    for pair in gmatch(body, "[^,]+") do
+        local key, value = match(pair, "^([%a_][%w_]*)=(.*)$")
+        local parsed, why, fix
+        if not key then
+            why, fix = "not key=value", "write pairs as key=value separated by commas"
+        elseif tags[key] ~= nil then
+            why, fix = "repeated key", "give " .. key .. " once"
+        else
+            parsed, why, fix = check_pair(key, value)
+        end
+        if parsed ~= nil then
+            tags[key] = parsed
+        else
+            problems = problems or {}
+            problems[#problems + 1] = { text = pair, why = why, fix = fix }
+        end
+    end
+    return tags, problems
+end
+M.parse_tags = parse_tags
+
+-- ---------------------------------------------------------------------------------------------
+-- GPU requests: "gres:gpu:2" (22.05), "gres/gpu:a100:2" (23.02+), "gpu:1", "gres/gpu=2".
+
+-- Returns a table describing the gpu entry of one tres_per_* string, or nil.
+local function parse_gpu_entry(entry)
+    local prefix, rest = match(entry, "^(gres[:/])(.*)$")
+    if not prefix then prefix, rest = "", entry end
+    local name, tail = match(rest, "^([%w_]+)(.*)$")
+    if name ~= "gpu" then return nil end
+    local gpu_type, sep, count = match(tail, "^:([%w_%-%.]+)([:=])(%d+)$")
+    if not gpu_type then
+        sep, count = match(tail, "^([:=])(%d+)$")
+        if not sep then
+            gpu_type = match(tail, "^:([%w_%-%.]+)$")
+            if not gpu_type and tail ~= "" then return false end
+            sep, count = ":", "1"
+        end
+    end
+    return { prefix = prefix, type = gpu_type, sep = sep, count = tonumber(count) }
+end
+
+-- Finds the one field holding a GPU request. Returns (gpu or nil, ambiguous).
+local function find_gpu(get)
+    local found
+    for _, field in ipairs(GRES_FIELDS) do
+        local value = get(field)
+        if value and find(value, "gpu", 1, true) then
+            local index = 0
+            for entry in gmatch(value, "[^,]+") do
+                index = index + 1
+                local gpu = parse_gpu_entry(entry)
+                if gpu == false then return nil, true end
+                if gpu then
+                    if found then return nil, true end
+                    gpu.field, gpu.value, gpu.index = field, value, index
+                    found = gpu
+                end
+            end
+        end
+    end
+    return found, false
+end
+M.find_gpu = find_gpu
+
+-- Rebuilds a tres string with entry `index` replaced (nil drops it).
+local function replace_entry(value, index, new_entry)
+    local out, i = {}, 0
+    for entry in gmatch(value, "[^,]+") do
+        i = i + 1
+        if i == index then
+            if new_entry then out[#out + 1] = new_entry end
+        else
+            out[#out + 1] = entry
+        end
+    end
+    return table.concat(out, ",")
+end
+
+-- ---------------------------------------------------------------------------------------------
+-- Feature expressions: our additions are AND-ed to the user's --constraint, which we combine
+-- with only when it is a plain AND list (anything fancier is left alone, and so is the job).
+
+local function simple_features(existing)
+    return existing == nil or existing == "" or match(existing, "^[%w_%.%-&]+$") ~= nil
+end
+
+local function has_word(expr, word)
+    for part in gmatch(expr, "[^&]+") do
+        if part == word then return true end
+    end
+    return false
+end
+
+-- Feature expression allowing exactly the GPU types in `allowed` (array of type records).
+local function types_expr(allowed)
+    local features = {}
+    for _, t in ipairs(allowed) do
+        if not t.feature then return nil end
+        features[#features + 1] = t.feature
+    end
+    if #features == 1 then return features[1] end
+    return "(" .. table.concat(features, "|") .. ")"
+end
+
+-- ---------------------------------------------------------------------------------------------
+-- The job view and the plan of changes.
+
+local function job_view(job_desc, job_rec, part_list, uid, is_modify)
+    local view = { desc = job_desc, rec = job_rec, parts = part_list, uid = uid, modify = is_modify,
+        plan = {}, planned = {}, notes = {}, add_features = {}, feature_why = {} }
+    if job_rec then
+        view.get = function(field)
+            local value = job_desc[field]
+            if value == nil then
+                value = job_rec[field]
+                if value == nil and field == "tres_per_node" then value = job_rec.gres end
+            end
+            return value
+        end
+    else
+        view.get = function(field) return job_desc[field] end
+    end
+    return view
+end
+
+-- The value a field will have after the planned changes.
+local function current(view, field)
+    local planned = view.planned[field]
+    if planned ~= nil then return planned end
+    return view.get(field)
+end
+
+local function plan(view, field, value, why)
+    local before = current(view, field)
+    if before == value then return end
+    local plan_list = view.plan
+    plan_list[#plan_list + 1] = { field = field, value = value, before = view.get(field), why = why }
+    view.planned[field] = value
+end
+
+local function note_user(view, text)
+    view.notes[#view.notes + 1] = text
+end
+
+-- ---------------------------------------------------------------------------------------------
+-- Classification.
+
+-- `interactive` means no batch script (srun/salloc); the script is read only when a rule asks.
+local function is_interactive(view)
+    if view.interactive == nil then
+        view.interactive = (not view.modify) and view.get("script") == nil
+    end
+    return view.interactive
+end
+
+local function matches_rule(rule, view, name)
+    if rule.interactive ~= nil and rule.interactive ~= is_interactive(view) then return false end
+    if rule.min_gpus or rule.max_gpus then
+        local gpus = view.gpu and view.gpu.count or 0
+        if rule.min_gpus and gpus < rule.min_gpus then return false end
+        if rule.max_gpus and gpus > rule.max_gpus then return false end
+    end
+    if rule.names then
+        if not name then return false end
+        local lname = lower(name)
+        for _, pattern in ipairs(rule.names) do
+            if find(lname, pattern) then return true end
+        end
+        return false
+    end
+    return true
+end
+
+local function detect_class(view)
+    local name = view.get("name")
+    for _, rule in ipairs(P.detection) do
+        if matches_rule(rule, view, name) then return rule.class end
+    end
+    return "unknown"
+end
+
+-- ---------------------------------------------------------------------------------------------
+-- Rules: one ordered list, one signature `rule(view)`; each reads `view` and calls `plan`.
+
+local function single_node(view)
+    local min_nodes = view.get("min_nodes")
+    local max_nodes = view.get("max_nodes")
+    return (min_nodes == nil or min_nodes == NO_VAL or min_nodes <= 1)
+        and (max_nodes == nil or max_nodes == NO_VAL or max_nodes == 0 or max_nodes <= 1)
+end
+
+-- GPUs one node gets, when the request says so plainly.
+local function gpus_per_node(view)
+    local gpu = view.gpu
+    if not gpu then return nil end
+    if gpu.field == "tres_per_node" then return gpu.count end
+    if gpu.field == "tres_per_job" and single_node(view) then return gpu.count end
+    return nil
+end
+
+local function type_by_name(name)
+    for _, t in ipairs(TYPES) do
+        if t.name == name then return t end
+    end
+    return nil
+end
+
+-- Keep the job on `allowed` GPU types (intersected with earlier restrictions); the feature
+-- expression itself is written once, by rule_features. Returns false when it cannot be done.
+local function restrict_types(view, allowed, why)
+    local before = view.allowed
+    local kept = {}
+    for _, t in ipairs(allowed) do
+        if before == nil or before[t.name] then kept[#kept + 1] = t end
+    end
+    if #kept == 0 then
+        note_user(view, "aigc: " .. why .. " conflicts with an earlier rule; left unchanged")
+        return false
+    end
+    if #kept == #TYPES then return true end
+    if not types_expr(kept) or not simple_features(view.get("features")) then
+        note_user(view, "aigc: cannot add a GPU type constraint for " .. why .. " to your --constraint; left unchanged")
+        return false
+    end
+    view.allowed = set_of_names(kept)
+    view.allowed_list = kept
+    view.feature_why[#view.feature_why + 1] = why
+    return true
+end
+
+local function add_feature(view, feature, why)
+    if not simple_features(view.get("features")) then
+        note_user(view, "aigc: cannot add feature " .. feature .. " to your --constraint; left unchanged")
+        return
+    end
+    view.add_features[#view.add_features + 1] = feature
+    view.feature_why[#view.feature_why + 1] = why
+end
+
+local function rule_shard(view)
+    local cfg = P.rewrites.shard
+    local tags, gpu = view.tags, view.gpu
+    if not cfg.enabled or not SHARD_CLASSES[view.class] or not gpu or not tags or not tags.vram then return end
+    if tags.share == false or gpu.count ~= 1 or gpu.type or not single_node(view) then return end
+    if gpu.field ~= "tres_per_node" and gpu.field ~= "tres_per_job" then return end
+    if view.get("cpus_per_tres") or view.get("mem_per_tres") then return end
+    local vram, allowed, shards = tags.vram, {}, 0
+    for _, t in ipairs(TYPES) do
+        if t.shards_per_gpu > 0 and vram <= cfg.max_fraction * t.memory_gib then
+            allowed[#allowed + 1] = t
+            local need = ceil(vram / t.gib_per_shard - 1e-9)
+            if need > shards then shards = need end
+        end
+    end
+    if #allowed == 0 then return end
+    local why = format("shard: vram=%gG fits in %d shard(s)", vram, shards)
+    if not restrict_types(view, allowed, why) then return end
+    local entry = gpu.prefix .. SHARD_GRES .. (gpu.sep == "=" and "=" or ":") .. shards
+    if gpu.field == "tres_per_node" then
+        plan(view, "tres_per_node", replace_entry(gpu.value, gpu.index, entry), why)
+    else
+        plan(view, "tres_per_job", replace_entry(gpu.value, gpu.index, nil), why)
+        local per_node = current(view, "tres_per_node")
+        plan(view, "tres_per_node", (per_node and per_node ~= "") and (per_node .. "," .. entry) or entry, why)
+    end
+    view.sharded = true
+end
+
+local function rule_vram_fit(view)
+    local cfg = P.rewrites.vram_fit
+    local tags, gpu = view.tags, view.gpu
+    if not cfg.enabled or view.sharded or not gpu or not tags or not tags.vram then return end
+    local vram = tags.vram
+    if gpu.type then
+        local t = type_by_name(gpu.type)
+        if t and t.memory_gib < vram then
+            view.type_misfit = format("you asked for %s GPUs (%gG) but declared vram=%gG", t.name, t.memory_gib, vram)
+        end
+        return
+    end
+    local allowed = {}
+    for _, t in ipairs(TYPES) do
+        if t.memory_gib >= vram then allowed[#allowed + 1] = t end
+    end
+    if #allowed == 0 then
+        view.type_misfit = format("no GPU type has vram=%gG", vram)
+        return
+    end
+    restrict_types(view, allowed, format("vram_fit: vram=%gG", vram))
+end
+
+local function rule_nvlink(view)
+    local cfg = P.rewrites.nvlink
+    local tags = view.tags or {}
+    if not cfg.enabled or view.sharded or tags.nvlink == false then return end
+    if not (NVLINK_CLASSES[view.class] or tags.nvlink == true) then return end
+    local per_node = gpus_per_node(view)
+    if not per_node or per_node < 2 or not single_node(view) then return end
+    local why = format("nvlink: %d GPUs on one node", per_node)
+    if cfg.method == "feature" then
+        add_feature(view, cfg.feature, why)
+        return
+    end
+    local allowed = {}
+    for _, t in ipairs(TYPES) do
+        if t.nvlink and (view.gpu.type == nil or view.gpu.type == t.name) then allowed[#allowed + 1] = t end
+    end
+    if #allowed == 0 then
+        note_user(view, "aigc: no NVLink GPU type matches your request; NVLink not enforced")
+        return
+    end
+    restrict_types(view, allowed, why)
+end
+
+local function rule_model_prefer(view)
+    local cfg = P.rewrites.model_prefer
+    local tags = view.tags
+    if not cfg.enabled or not tags or not tags.model then return end
+    local feature = cfg.feature_prefix .. tags.model
+    local prefer = view.get("prefer")
+    if prefer == nil or prefer == "" then
+        prefer = feature
+    elseif match(prefer, "^[%w_%.%-&]+$") and not has_word(prefer, feature) then
+        prefer = prefer .. "&" .. feature
+    else
+        return
+    end
+    plan(view, "prefer", prefer, "model_prefer: model=" .. tags.model)
+end
+
+local function rule_class_defaults(view)
+    if not P.rewrites.class_defaults.enabled then return end
+    local defaults = P.classes[view.class]
+    if not defaults then return end
+    local why = "class_defaults: class=" .. view.class
+    local partition = defaults.partition
+    if partition and view.get("partition") == nil and view.parts and view.parts[partition] ~= nil then
+        plan(view, "partition", partition, why)
+    end
+    if defaults.qos and view.get("qos") == nil then plan(view, "qos", defaults.qos, why) end
+    local minutes = defaults.time_minutes
+    if minutes and (view.get("time_limit") == nil or view.get("time_limit") == NO_VAL) then
+        local part = view.parts and view.parts[current(view, "partition") or ""]
+        local max_time = part and part.max_time
+        if max_time == nil or max_time == NO_VAL or max_time == INFINITE or minutes <= max_time then
+            plan(view, "time_limit", minutes, why)
+        end
+    end
+end
+
+local function rule_comment_class(view)
+    if not P.rewrites.comment_class.enabled then return end
+    if view.modify and view.desc.comment == nil then return end
+    local comment = current(view, "comment")
+    if comment and find(comment, CLASS_KEY, 1, true) then return end
+    local stamped = CLASS_KEY .. view.class
+    if comment and comment ~= "" then stamped = comment .. " " .. stamped end
+    plan(view, "comment", stamped, "comment_class")
+end
+
+-- Writes the one --constraint expression: the user's AND list, then the GPU types, then features.
+local function rule_features(view)
+    local parts = {}
+    if view.allowed_list then parts[1] = types_expr(view.allowed_list) end
+    for _, feature in ipairs(view.add_features) do parts[#parts + 1] = feature end
+    if #parts == 0 then return end
+    local features = view.get("features")
+    for _, part in ipairs(parts) do
+        if features == nil or features == "" then
+            features = part
+        elseif not has_word(features, part) then
+            features = features .. "&" .. part
+        end
+    end
+    plan(view, "features", features, table.concat(view.feature_why, "; "))
+end
+
+local RULES = { rule_shard, rule_vram_fit, rule_nvlink, rule_model_prefer, rule_features, rule_class_defaults,
+    rule_comment_class }
+
+-- ---------------------------------------------------------------------------------------------
+-- Messages and applying the plan.
+
+local function show(value)
+    if value == nil then return "(unset)" end
+    return tostring(value)
+end
+
+local function tag_error_text(problems)
+    local parts = {}
+    for _, p in ipairs(problems) do
+        parts[#parts + 1] = format("'%s' (%s: %s)", p.text, p.why, p.fix)
+    end
+    return "aigc: bad tag in --comment: " .. table.concat(parts, "; ")
+end
+
+-- Writes the planned fields; on any error restores what it already wrote and re-raises.
+local function apply(view)
+    local desc, done = view.desc, {}
+    local ok, err = pcall(function()
+        for _, change in ipairs(view.plan) do
+            desc[change.field] = change.value
+            done[#done + 1] = change
+        end
+    end)
+    if ok then return end
+    for i = #done, 1, -1 do
+        local change = done[i]
+        pcall(function()
+            local before = change.before
+            if before == nil then before = (type(change.value) == "number") and NO_VAL or "" end
+            desc[change.field] = before
+        end)
+    end
+    error(err, 0)
+end
+
+local function announce(view)
+    local name, uid = show(view.get("name")), view.uid
+    for _, change in ipairs(view.plan) do
+        slurm.log_info("aigc: rewrite uid=%s name=%s class=%s %s: %s -> %s (%s)", tostring(uid), name,
+            view.class, change.field, show(change.before), show(change.value), change.why)
+        slurm.log_user("aigc: %s: %s %s -> %s", change.why, change.field, show(change.before), show(change.value))
+    end
+    for _, text in ipairs(view.notes) do
+        slurm.log_user("%s", text)
+    end
+end
+
+-- ---------------------------------------------------------------------------------------------
+-- Entry points (called by job_submit.lua inside pcall).
+
+-- Returns (rc, class).
+local function run(view)
+    local comment = view.get("comment")
+    local tags, problems = parse_tags(comment)
+    view.tags = tags
+    if tags ~= nil or DETECTION_NEEDS_GPUS then
+        local gpu, ambiguous = find_gpu(view.get)
+        view.gpu = gpu
+        if ambiguous and DEBUG then slurm.log_debug("aigc: GPU request not understood, not rewritten") end
+    end
+    local class = tags and tags.type or detect_class(view)
+    view.class = class
+    if view.uid == 0 and P.hook.skip_root then return slurm.SUCCESS, class end
+    if UNTOUCHED[class] then return slurm.SUCCESS, class end
+    if problems then
+        local text = tag_error_text(problems)
+        if STRICT then
+            slurm.log_info("aigc: reject uid=%s: %s", tostring(view.uid), text)
+            slurm.log_user("%s", text)
+            return slurm.ERROR, class
+        end
+        note_user(view, text .. " -- ignored")
+    end
+    for _, rule in ipairs(RULES) do rule(view) end
+    if view.type_misfit then
+        local text = "aigc: " .. view.type_misfit .. "; fix --gres or vram="
+        if STRICT and P.rewrites.vram_fit.reject_misfit then
+            slurm.log_user("%s", text)
+            return slurm.ERROR, class
+        end
+        note_user(view, text)
+    end
+    apply(view)
+    -- The job is already rewritten: a failing log call must not make the caller think otherwise.
+    pcall(announce, view)
+    return slurm.SUCCESS, class
+end
+
+function M.submit(job_desc, part_list, submit_uid)
+    return run(job_view(job_desc, nil, part_list, submit_uid, false))
+end
+
+-- `scontrol update` of a pending job: same rules over (new fields, else the job's record),
+-- run only when the update touches the comment or a GPU request.
+function M.modify(job_desc, job_rec, part_list, modify_uid)
+    if job_rec.job_state ~= JOB_PENDING then return slurm.SUCCESS, nil end
+    local touched = job_desc.comment ~= nil
+    for _, field in ipairs(GRES_FIELDS) do
+        if job_desc[field] ~= nil then touched = true end
+    end
+    if not touched then return slurm.SUCCESS, nil end
+    return run(job_view(job_desc, job_rec, part_list, modify_uid, true))
+end
+
+M.GRES_FIELDS = GRES_FIELD_SET
+return M

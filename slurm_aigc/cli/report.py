@@ -1,0 +1,178 @@
+"""`slurm-aigc report [...]` and `slurm-aigc report job JOBID`: where the GPU-hours went."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import click
+from sqlalchemy.orm import Session, sessionmaker
+
+from slurm_aigc.errors import AigcError, DatabaseError
+from slurm_aigc.report import figures, render
+from slurm_aigc.report.sacct import (
+    SacctQuery,
+    SacctReader,
+    SacctRunner,
+    SkippedRow,
+    filter_classes,
+)
+from slurm_aigc.report.samples import DEFAULT_INTERVAL_S, SampleStore
+from slurm_aigc.report.timespec import parse_when
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReportEnv:
+    """The side effects of a report (tests pass their own through `CliRunner.invoke(obj=...)`)."""
+
+    slurm: Callable[[], SacctRunner]
+    database: Callable[[str | None], sessionmaker[Session]]
+    now: Callable[[], datetime]
+
+
+def _default_env() -> ReportEnv:
+    from slurm_aigc.db import open_database
+    from slurm_aigc.slurm import SlurmCli
+
+    return ReportEnv(slurm=lambda: SlurmCli(timeout_s=300.0), database=open_database, now=datetime.now)
+
+
+def _env(ctx: click.Context) -> ReportEnv:
+    obj = ctx.find_root().obj
+    return obj if isinstance(obj, ReportEnv) else _default_env()
+
+
+def _split(values: Iterable[str]) -> tuple[str, ...]:
+    """Repeatable options that also take comma lists, like sacct's."""
+    return tuple(part.strip() for value in values for part in value.split(",") if part.strip())
+
+
+def parse_shards(text: str) -> dict[str, int]:
+    """`a100=80,t4=16` -> {'a100': 80, 't4': 16}."""
+    result: dict[str, int] = {}
+    for part in _split([text]):
+        name, sep, count = part.partition("=")
+        if not sep or not count.isdigit() or int(count) <= 0:
+            raise click.BadParameter(f"{part!r}: expected TYPE=SHARDS_PER_GPU, e.g. a100=80")
+        result[name.strip()] = int(count)
+    return result
+
+
+def _when(text: str, now: datetime, name: str) -> datetime:
+    try:
+        return parse_when(text, now)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint=name) from None
+
+
+def _emit(text: str, output: Path | None) -> None:
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text, encoding="utf-8")
+        click.echo(f"wrote {output}", err=True)
+
+
+def _store(env: ReportEnv, db_url: str | None) -> SampleStore | None:
+    try:
+        return SampleStore(env.database(db_url), default_interval_s=DEFAULT_INTERVAL_S)
+    except DatabaseError as error:
+        click.echo(f"slurm-aigc report: no sample database ({error}); GPU-hours used are unknown", err=True)
+        return None
+
+
+format_option = click.option("--format", "fmt", type=click.Choice(render.FORMATS), default="table", show_default=True)
+output_option = click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                             help="Write the report here instead of stdout.")
+db_option = click.option("--db", "db_url", default=None, help="Database URL (default $SLURM_AIGC_DB_URL or the SQLite state file).")
+shards_option = click.option("--shards-per-gpu", default="a100=80,t4=16", show_default=True,
+                             help="Shards one GPU of each type holds; a shard counts as 1/N GPU.")
+
+
+@click.group(invoke_without_command=True)
+@click.option("--since", "-S", default="midnight", show_default=True, help="Start of the window (like sacct -S).")
+@click.option("--until", "-E", default="now", show_default=True, help="End of the window (like sacct -E).")
+@click.option("--user", "-u", multiple=True, help="Only these users (repeatable or comma list).")
+@click.option("--account", "-A", multiple=True, help="Only these accounts.")
+@click.option("--partition", "-r", multiple=True, help="Only these partitions.")
+@click.option("--class", "classes", multiple=True, help="Only these AIGC classes (from the job comment).")
+@click.option("--group-by", "-g", multiple=True, help=f"Group by {', '.join(figures.GROUP_KEYS)} (repeatable or comma list).")
+@click.option("--chunk-hours", default=24.0, show_default=True, help="sacct is read in windows of this length.")
+@format_option
+@output_option
+@db_option
+@shards_option
+@click.pass_context
+def report(ctx: click.Context, since: str, until: str, user: tuple[str, ...], account: tuple[str, ...],
+           partition: tuple[str, ...], classes: tuple[str, ...], group_by: tuple[str, ...], chunk_hours: float,
+           fmt: str, output: Path | None, db_url: str | None, shards_per_gpu: str) -> None:
+    """GPU-hours allocated, used and idle per group, from sacct joined with slurm-aigc's samples."""
+    if ctx.invoked_subcommand is not None:
+        return
+    env = _env(ctx)
+    now = env.now()
+    query = SacctQuery(since=_when(since, now, "--since"), until=_when(until, now, "--until"),
+                       users=_split(user), accounts=_split(account), partitions=_split(partition),
+                       classes=_split(classes))
+    if query.until <= query.since or chunk_hours <= 0:
+        raise click.BadParameter("--until must be after --since and --chunk-hours positive")
+    params = figures.ReportParams(since_ts=query.since.timestamp(), until_ts=min(query.until, now).timestamp(),
+                                  group_by=_group_keys(group_by), shards_per_gpu=parse_shards(shards_per_gpu))
+    result = _summary(env, query, params, db_url, timedelta(hours=chunk_hours))
+    click.echo(render.skipped_summary(result.skipped), err=True, nl=False)
+    _emit(render.render_report(result, fmt), output)
+
+
+def _group_keys(values: tuple[str, ...]) -> tuple[str, ...]:
+    keys = _split(values)
+    bad = [k for k in keys if k not in figures.GROUP_KEYS]
+    if bad:
+        raise click.BadParameter(f"{', '.join(bad)}: choose from {', '.join(figures.GROUP_KEYS)}", param_hint="--group-by")
+    return keys
+
+
+def _summary(env: ReportEnv, query: SacctQuery, params: figures.ReportParams, db_url: str | None,
+             chunk: timedelta) -> figures.Report:
+    reader = SacctReader(env.slurm(), chunk=chunk)
+    aggregator = figures.Aggregator(params)
+    aggregator.add_rows(filter_classes(reader.rows(query), query.classes))
+    store = _store(env, db_url)
+    if store is not None:
+        try:
+            aggregator.add_slices(store.job_slices(params.since_ts, params.until_ts))
+            aggregator.add_actions(store.actions(params.since_ts, params.until_ts))
+        except AigcError:
+            raise
+        except Exception as error:  # SQLAlchemy errors on a foreign/old database
+            raise DatabaseError(f"cannot read samples: {error}") from error
+    return aggregator.result()
+
+
+@report.command("job")
+@click.argument("job_id")
+@format_option
+@output_option
+@db_option
+@shards_option
+@click.pass_context
+def job(ctx: click.Context, job_id: str, fmt: str, output: Path | None, db_url: str | None, shards_per_gpu: str) -> None:
+    """Like `seff` for GPUs: one job's allocation, per-GPU use over time, verdicts and actions."""
+    env = _env(ctx)
+    now = env.now()
+    query = SacctQuery(since=datetime(1970, 1, 2), until=now, job_ids=(job_id,))
+    rows = list(SacctReader(env.slurm()).rows(query))
+    ids = {job_id} | {r.job_id_raw for r in rows if not isinstance(r, SkippedRow)}
+    store = _store(env, db_url)
+    slices = list(store.job_slices(0.0, now.timestamp() + 1.0, sorted(ids))) if store else []
+    actions = store.actions(0.0, now.timestamp() + 1.0, sorted(ids)) if store else []
+    view = figures.job_view(job_id, rows, slices, actions, now.timestamp(), parse_shards(shards_per_gpu))
+    click.echo(render.skipped_summary(view.skipped), err=True, nl=False)
+    if not view.segments and not view.series:
+        raise AigcError(f"job {job_id}: sacct knows no such job and there are no samples for it")
+    _emit(render.render_job(view, fmt), output)

@@ -1,0 +1,152 @@
+"""Render a `Policy` into the Lua table the hook reads, and the one self-contained job_submit.lua.
+
+Mirrors `slurm-aigc policy render`. The rendered file is
+    header, `local AIGC_POLICY = {...}`, `local AIGC_HOOK = (function(...) <aigc_hook.lua> end)(AIGC_POLICY)`,
+    then job_submit.lua (the pcall-wrapped entry points)
+so slurmctld needs no package.path and `slurm-aigc classify` runs exactly the installed text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from slurm_aigc.policy.model import DetectionRule, GpuType, Policy
+
+MARKER = "-- slurm-aigc job_submit.lua (rendered)"
+_LUA_MAGIC = set("^$()%.[]*+-?")
+
+LuaValue = None | bool | int | float | str | Sequence["LuaValue"] | Mapping[str, "LuaValue"]
+
+
+def lua_dir() -> Path:
+    """job_submit_lua/ of this checkout, or the copy installed as package data."""
+    here = Path(__file__).resolve()
+    for candidate in (here.parents[2] / "job_submit_lua", here.parents[1] / "data" / "job_submit_lua"):
+        if (candidate / "aigc_hook.lua").is_file():
+            return candidate
+    raise FileNotFoundError("job_submit_lua/aigc_hook.lua not found next to the slurm_aigc package")
+
+
+def lua_string(text: str) -> str:
+    """A Lua 5.1 double-quoted literal that survives any byte."""
+    out = ['"']
+    for byte in text.encode("utf-8"):
+        char = chr(byte)
+        if char in '"\\':
+            out.append("\\" + char)
+        elif 32 <= byte < 127:
+            out.append(char)
+        else:
+            out.append(f"\\{byte:03d}")
+    out.append('"')
+    return "".join(out)
+
+
+def lua_value(value: LuaValue, indent: str = "") -> str:
+    """Python data -> Lua constructor text (mappings keyed by identifiers or strings)."""
+    if value is None:
+        return "nil"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"cannot render {value} into Lua")
+        return repr(value)
+    if isinstance(value, str):
+        return lua_string(value)
+    inner = indent + "  "
+    if isinstance(value, Mapping):
+        items = [f"{inner}[{lua_string(str(k))}] = {lua_value(v, inner)}," for k, v in value.items() if v is not None]
+    else:
+        items = [f"{inner}{lua_value(v, inner)}," for v in value]
+    if not items:
+        return "{}"
+    return "{\n" + "\n".join(items) + "\n" + indent + "}"
+
+
+def glob_to_lua_pattern(glob: str) -> str:
+    """'*train*' -> '^.*train.*$' over the lower-cased job name; Lua magic characters escaped."""
+    out = ["^"]
+    for char in glob.lower():
+        if char == "*":
+            out.append(".*")
+        elif char == "?":
+            out.append(".")
+        elif char in _LUA_MAGIC:
+            out.append("%" + char)
+        else:
+            out.append(char)
+    out.append("$")
+    return "".join(out)
+
+
+def _gpu_type(t: GpuType) -> dict[str, LuaValue]:
+    return {
+        "name": t.name, "memory_gib": t.memory_gib, "shards_per_gpu": t.shards_per_gpu,
+        "gib_per_shard": t.gib_per_shard, "nvlink": t.nvlink, "feature": t.feature,
+    }
+
+
+def _rule(rule: DetectionRule) -> dict[str, LuaValue]:
+    return {
+        "class": rule.class_name,
+        "names": [glob_to_lua_pattern(g) for g in rule.name_globs] if rule.name_globs else None,
+        "min_gpus": rule.min_gpus, "max_gpus": rule.max_gpus, "interactive": rule.interactive,
+    }
+
+
+def policy_table(policy: Policy) -> dict[str, LuaValue]:
+    """The data the hook reads as `P` (everything precomputed that can be)."""
+    r, h = policy.rewrites, policy.hook
+    return {
+        "classes": {
+            name: {"partition": d.partition, "qos": d.qos, "time_minutes": d.time_minutes}
+            for name, d in policy.classes.items()
+        },
+        "class_list_text": ", ".join(policy.classes),
+        "inventory": {"shard_gres": policy.inventory.shard_gres, "gpu_types": [_gpu_type(t) for t in policy.inventory.gpu_types]},
+        "detection": [_rule(rule) for rule in policy.detection],
+        "rewrites": {
+            "shard": {"enabled": r.shard.enabled, "classes": list(r.shard.classes), "max_fraction": r.shard.max_fraction},
+            "vram_fit": {"enabled": r.vram_fit.enabled, "reject_misfit": r.vram_fit.reject_misfit},
+            "nvlink": {"enabled": r.nvlink.enabled, "classes": list(r.nvlink.classes), "method": r.nvlink.method,
+                       "feature": r.nvlink.feature},
+            "model_prefer": {"enabled": r.model_prefer.enabled, "feature_prefix": r.model_prefer.feature_prefix},
+            "class_defaults": {"enabled": r.class_defaults.enabled},
+            "comment_class": {"enabled": r.comment_class.enabled},
+        },
+        "hook": {
+            "strict_tags": h.strict_tags, "debug_log": h.debug_log, "skip_root": h.skip_root,
+            "untouched_classes": list(h.untouched_classes), "comment_class_key": h.comment_class_key,
+        },
+    }
+
+
+def render_policy_table(policy: Policy) -> str:
+    """`local AIGC_POLICY = {...}` (what `slurm-aigc policy render --table-only` prints)."""
+    return "local AIGC_POLICY = " + lua_value(policy_table(policy)) + "\n"
+
+
+def render_hook(policy: Policy, lua_source_dir: Path | None = None) -> str:
+    """The complete job_submit.lua slurmctld loads (`slurm-aigc policy render`)."""
+    directory = lua_source_dir or lua_dir()
+    hook = (directory / "aigc_hook.lua").read_text(encoding="utf-8")
+    entry = (directory / "job_submit.lua").read_text(encoding="utf-8")
+    table = render_policy_table(policy)
+    digest = hashlib.sha256((table + hook + entry).encode("utf-8")).hexdigest()[:16]
+    source = policy.source.replace("\n", " ")
+    return (
+        f"{MARKER}\n"
+        f"-- policy: {source}\n-- digest: {digest}\n"
+        "-- Generated by `slurm-aigc policy install`; edit the YAML policy, not this file.\n\n"
+        f"{table}\n"
+        "local AIGC_HOOK = (function(...)\n"
+        f"{hook.rstrip()}\n"
+        "end)(AIGC_POLICY)\n\n"
+        f"{entry}"
+    )

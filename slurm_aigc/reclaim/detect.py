@@ -1,0 +1,361 @@
+"""Pure detectors: a job's recent GPU samples and its class policy in, a verdict out.
+
+Every detector looks at the *trailing stretch* of each GPU series: the newest samples,
+going back until a sample that does not match, a gap longer than `gap_s`, or the end of
+the class's start-up grace. A stretch at least `window_s` long with at least
+`min_samples` samples is evidence. Missing readings (None/NaN) match nothing, so a gap or
+an unreadable field can never make a GPU look idle; one busy sample (a burst) ends the
+stretch. Verdicts, most wasteful first:
+
+- idle: every GPU of the job has had utilization and memory near zero for the window;
+- memory_held: every GPU near-zero utilization for the window, some still holding memory;
+- fake_busy: every GPU either near-idle or "busy" at low power (a hung collective);
+- over_allocated: a multi-GPU job whose GPUs are all observed for the window, some of
+  them near-zero utilization all along: `gpus_used` is how many it really needs.
+
+The math runs on NumPy columns for many jobs at once (one tick judges 10,000 jobs), so
+`detect` takes a `SampleBatch`; `detect_job` judges one job for tests and `idle explain`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from slurm_aigc.reclaim.config import ClassPolicy
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One reading of one GPU held by a job (a `job_gpu_samples` row); None = not read."""
+
+    ts: float
+    sm_util_pct: float | None
+    memory_used_mib: float | None
+    power_draw_w: float | None = None
+    power_limit_w: float | None = None
+
+
+@dataclass(frozen=True)
+class GpuSeries:
+    """The samples of one GPU (node, index) of a job, oldest first."""
+
+    node: str
+    gpu_index: int
+    samples: tuple[Sample, ...]
+
+
+@dataclass(frozen=True)
+class JobMeta:
+    """What the detectors need to know about a job besides its samples."""
+
+    job_id: str
+    job_class: str
+    start_ts: float
+    gpus_allocated: int | None = None  # None: unknown (e.g. shards), do not check coverage
+    shared: bool = False  # GPUs shared with other jobs (shards): never judged over-allocated
+
+
+@dataclass(frozen=True)
+class JobWindow:
+    """A job and its GPU series: the input of `detect_job`."""
+
+    meta: JobMeta
+    series: tuple[GpuSeries, ...]
+
+
+@dataclass(frozen=True)
+class SampleBatch:
+    """Samples of many jobs as columns, sorted by job, then GPU, then time.
+
+    Series `s` holds samples `series_offsets[s]:series_offsets[s+1]`; job `j` holds series
+    `job_offsets[j]:job_offsets[j+1]`. Every job has at least one series and every series
+    at least one sample (jobs without samples are judged by the caller: no evidence).
+    """
+
+    metas: tuple[JobMeta, ...]
+    job_offsets: IntArray
+    series_offsets: IntArray
+    series_node: tuple[str, ...]
+    series_gpu: tuple[int, ...]
+    ts: FloatArray
+    util: FloatArray
+    memory: FloatArray
+    power: FloatArray
+    power_limit: FloatArray
+
+
+@dataclass(frozen=True)
+class GpuEvidence:
+    """What one GPU did over the job's window (the last `window_s` of its samples)."""
+
+    node: str
+    gpu_index: int
+    samples: int
+    first_ts: float
+    last_ts: float
+    max_util_pct: float | None
+    max_memory_mib: float | None
+    mean_power_pct: float | None
+    idle_s: float  # trailing stretch of near-zero utilization (memory ignored)
+    wasted_s: float  # trailing stretch of near-zero or fake (low-power) utilization
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A job's verdict at `now_ts`: `kind` None means no finding (`reason` says why)."""
+
+    job_id: str
+    job_class: str
+    kind: str | None
+    reason: str
+    now_ts: float
+    window_s: float
+    since_ts: float | None  # start of the stretch that proves the verdict
+    gpus_total: int
+    gpus_used: int | None  # over_allocated: GPUs the job really uses
+    gpus: tuple[GpuEvidence, ...]
+
+
+def batch_from_jobs(jobs: Sequence[JobWindow]) -> SampleBatch:
+    """Columns from per-job series; series without samples and jobs without series are dropped."""
+    metas: list[JobMeta] = []
+    job_offsets, series_offsets = [0], [0]
+    nodes: list[str] = []
+    gpus: list[int] = []
+    rows: list[Sample] = []
+    for job in jobs:
+        kept = [s for s in job.series if s.samples]
+        if not kept:
+            continue
+        metas.append(job.meta)
+        for series in kept:
+            nodes.append(series.node)
+            gpus.append(series.gpu_index)
+            rows.extend(sorted(series.samples, key=lambda sample: sample.ts))
+            series_offsets.append(len(rows))
+        job_offsets.append(len(nodes))
+    return SampleBatch(
+        metas=tuple(metas),
+        job_offsets=np.asarray(job_offsets, dtype=np.int64),
+        series_offsets=np.asarray(series_offsets, dtype=np.int64),
+        series_node=tuple(nodes),
+        series_gpu=tuple(gpus),
+        ts=_column([r.ts for r in rows]),
+        util=_column([r.sm_util_pct for r in rows]),
+        memory=_column([r.memory_used_mib for r in rows]),
+        power=_column([r.power_draw_w for r in rows]),
+        power_limit=_column([r.power_limit_w for r in rows]),
+    )
+
+
+def _column(values: Sequence[float | None]) -> FloatArray:
+    return np.asarray([math.nan if v is None else v for v in values], dtype=np.float64)
+
+
+def detect_job(job: JobWindow, policy: ClassPolicy, now_ts: float, gap_s: float) -> Verdict:
+    """The verdict for one job (same rules as `detect`)."""
+    batch = batch_from_jobs([job])
+    if not batch.metas:
+        return no_samples_verdict(job.meta, policy, now_ts)
+    return detect(batch, {job.meta.job_class: policy}, policy, now_ts, gap_s)[0]
+
+
+def no_samples_verdict(meta: JobMeta, policy: ClassPolicy, now_ts: float) -> Verdict:
+    """A running GPU job with no samples at all: nothing can be said (never idle)."""
+    return Verdict(meta.job_id, meta.job_class, None, "no samples", now_ts, policy.window_s, None,
+                   meta.gpus_allocated or 0, None, ())
+
+
+@dataclass(frozen=True)
+class _Params:
+    """Per-job policy values as arrays (one entry per job)."""
+
+    grace_end: FloatArray
+    window: FloatArray
+    min_samples: IntArray
+    idle_util: FloatArray
+    idle_memory: FloatArray
+    busy_util: FloatArray
+    low_power: FloatArray
+
+    @staticmethod
+    def of(metas: Sequence[JobMeta], policies: Mapping[str, ClassPolicy], default: ClassPolicy) -> _Params:
+        chosen = [policies.get(m.job_class, default) for m in metas]
+        return _Params(
+            grace_end=np.asarray([m.start_ts + p.grace_s for m, p in zip(metas, chosen)], dtype=np.float64),
+            window=np.asarray([p.window_s for p in chosen], dtype=np.float64),
+            min_samples=np.asarray([p.min_samples for p in chosen], dtype=np.int64),
+            idle_util=np.asarray([p.idle_util_pct for p in chosen], dtype=np.float64),
+            idle_memory=np.asarray([p.idle_memory_mib for p in chosen], dtype=np.float64),
+            busy_util=np.asarray([p.busy_util_pct for p in chosen], dtype=np.float64),
+            low_power=np.asarray([p.low_power_pct / 100.0 for p in chosen], dtype=np.float64),
+        )
+
+
+@dataclass(frozen=True)
+class _Stretch:
+    """Per-series trailing stretch of a predicate: its first sample index, length, duration."""
+
+    start: IntArray
+    count: IntArray
+    duration_s: FloatArray
+
+
+def detect(
+    batch: SampleBatch,
+    policies: Mapping[str, ClassPolicy],
+    default: ClassPolicy,
+    now_ts: float,
+    gap_s: float,
+) -> list[Verdict]:
+    """Verdicts for every job of `batch` at `now_ts`, in batch order."""
+    params = _Params.of(batch.metas, policies, default)
+    n_series = len(batch.series_offsets) - 1
+    series_of_job = np.repeat(np.arange(len(batch.metas)), np.diff(batch.job_offsets))
+    job_of_sample = np.repeat(series_of_job, np.diff(batch.series_offsets))
+    first, last = batch.series_offsets[:-1], batch.series_offsets[1:] - 1
+    # A new stretch may begin at a series' first sample or after a gap; grace samples never count.
+    breaks = np.ones(len(batch.ts), dtype=np.bool_)
+    breaks[1:] = np.diff(batch.ts) > gap_s
+    breaks[first] = True
+    counted = batch.ts >= _per_sample(params.grace_end, job_of_sample)
+    util_low = batch.util <= _per_sample(params.idle_util, job_of_sample)
+    memory_low = batch.memory <= _per_sample(params.idle_memory, job_of_sample)
+    fake = (batch.util >= _per_sample(params.busy_util, job_of_sample)) & (
+        batch.power <= _per_sample(params.low_power, job_of_sample) * batch.power_limit
+    )
+    stretches = {
+        "covered": _trailing(counted, breaks, batch.ts, first, last),
+        "idle": _trailing(counted & util_low & memory_low, breaks, batch.ts, first, last),
+        "held": _trailing(counted & util_low, breaks, batch.ts, first, last),
+        "wasted": _trailing(counted & (util_low | fake), breaks, batch.ts, first, last),
+    }
+    fresh = (now_ts - batch.ts[last]) <= gap_s
+    window_s = params.window[series_of_job]
+    ok = {name: fresh & (s.duration_s >= window_s) & (s.count >= params.min_samples[series_of_job])
+          for name, s in stretches.items()}
+    evidence = _evidence(batch, params.window[series_of_job], stretches)
+    job_first = batch.job_offsets[:-1]
+    all_ok = {name: np.logical_and.reduceat(value, job_first) for name, value in ok.items()}
+    unused = np.add.reduceat(ok["held"].astype(np.int64), job_first)
+    since = {name: np.maximum.reduceat(batch.ts[np.minimum(s.start, last)], job_first) for name, s in stretches.items()}
+    assert n_series == len(evidence)
+    return [
+        _verdict(j, batch, params, now_ts, all_ok, int(unused[j]), since, evidence)
+        for j in range(len(batch.metas))
+    ]
+
+
+def _per_sample(per_job: FloatArray, job_of_sample: IntArray) -> FloatArray | float:
+    # Most ticks judge jobs of few classes; a scalar spares a gather over every sample.
+    if len(per_job) and bool(np.all(per_job == per_job[0])):
+        return float(per_job[0])
+    return per_job[job_of_sample]
+
+
+def _trailing(match: BoolArray, breaks: BoolArray, ts: FloatArray, first: IntArray, last: IntArray) -> _Stretch:
+    # The stretch starts after the newest non-matching sample, or at the newest gap break:
+    # find the newest such "cut" at or before each series' last sample (cuts are sorted).
+    cut_at = np.flatnonzero(breaks | ~match)
+    cut_start = cut_at + ~match[cut_at]
+    newest = np.searchsorted(cut_at, last, side="right") - 1
+    # Every series' first sample is a break, so `newest` always lands inside the series.
+    start = cut_start[newest]
+    count = last - start + 1
+    duration = np.where(count > 0, ts[last] - ts[np.minimum(start, last)], 0.0)
+    return _Stretch(start=start, count=count, duration_s=duration)
+
+
+def _evidence(batch: SampleBatch, window_s: FloatArray, stretches: Mapping[str, _Stretch]) -> list[GpuEvidence]:
+    first, last = batch.series_offsets[:-1], batch.series_offsets[1:] - 1
+    lengths = np.diff(batch.series_offsets)
+    in_window = batch.ts >= np.repeat(batch.ts[last] - window_s, lengths)
+    # First sample of each series' window: the window is a suffix of the series.
+    count = np.add.reduceat(in_window.astype(np.int64), first)
+    window_first = last - count + 1
+    power_pct = 100.0 * batch.power / batch.power_limit
+    columns = (
+        count.tolist(),
+        batch.ts[window_first].tolist(),
+        batch.ts[last].tolist(),
+        _optional(_masked_max(batch.util, in_window, first)),
+        _optional(_masked_max(batch.memory, in_window, first)),
+        _optional(_masked_mean(power_pct, in_window, first)),
+        stretches["held"].duration_s.tolist(),
+        stretches["wasted"].duration_s.tolist(),
+    )
+    return [
+        GpuEvidence(*fields)
+        for fields in zip(batch.series_node, batch.series_gpu, *columns)
+    ]
+
+
+def _masked_max(values: FloatArray, mask: BoolArray, first: IntArray) -> FloatArray:
+    return np.fmax.reduceat(np.where(mask, values, np.nan), first)
+
+
+def _masked_mean(values: FloatArray, mask: BoolArray, first: IntArray) -> FloatArray:
+    usable = mask & ~np.isnan(values)
+    total = np.add.reduceat(np.where(usable, values, 0.0), first)
+    count = np.add.reduceat(usable.astype(np.int64), first)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+
+def _optional(values: FloatArray) -> list[float | None]:
+    """Rounded readings as plain floats; NaN (nothing readable) becomes None."""
+    return [None if math.isnan(v) else v for v in np.round(values, 2).tolist()]
+
+
+_KIND_STRETCH = {"idle": "idle", "memory_held": "held", "fake_busy": "wasted", "over_allocated": "covered"}
+
+
+def _verdict(
+    j: int,
+    batch: SampleBatch,
+    params: _Params,
+    now_ts: float,
+    all_ok: Mapping[str, BoolArray],
+    unused: int,
+    since: Mapping[str, FloatArray],
+    evidence: Sequence[GpuEvidence],
+) -> Verdict:
+    meta = batch.metas[j]
+    lo, hi = int(batch.job_offsets[j]), int(batch.job_offsets[j + 1])
+    n_gpus = hi - lo
+    window_s = float(params.window[j])
+    kind, reason, used = _classify(meta, n_gpus, all_ok, j, unused, now_ts, float(params.grace_end[j]), window_s)
+    since_ts = float(since[_KIND_STRETCH[kind]][j]) if kind else None
+    return Verdict(meta.job_id, meta.job_class, kind, reason, now_ts, window_s, since_ts,
+                   max(n_gpus, meta.gpus_allocated or 0), used, tuple(evidence[lo:hi]))
+
+
+def _classify(
+    meta: JobMeta, n_gpus: int, all_ok: Mapping[str, BoolArray], j: int, unused: int,
+    now_ts: float, grace_end: float, window_s: float,
+) -> tuple[str | None, str, int | None]:
+    if meta.gpus_allocated and n_gpus < meta.gpus_allocated:
+        return None, f"samples for {n_gpus} of {meta.gpus_allocated} GPUs", None
+    if now_ts < grace_end:
+        return None, f"start-up grace for {grace_end - now_ts:.0f}s more", None
+    if all_ok["idle"][j]:
+        return "idle", f"utilization and memory near zero on all {n_gpus} GPU(s) for {window_s:.0f}s", None
+    if all_ok["held"][j]:
+        return "memory_held", f"utilization near zero on all {n_gpus} GPU(s) for {window_s:.0f}s, memory held", None
+    if all_ok["wasted"][j]:
+        return "fake_busy", f"utilization high at low power (or idle) on all {n_gpus} GPU(s) for {window_s:.0f}s", None
+    if not all_ok["covered"][j]:
+        return None, f"window not covered yet: need {window_s:.0f}s of fresh samples without gaps", None
+    if n_gpus >= 2 and 0 < unused < n_gpus and not meta.shared:
+        used = n_gpus - unused
+        return "over_allocated", f"{unused} of {n_gpus} GPUs unused for {window_s:.0f}s; uses {used}", used
+    return None, "in use", None

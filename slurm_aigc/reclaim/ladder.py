@@ -1,0 +1,236 @@
+"""Pure planning: a job's verdict, facts and action history in, its next step out.
+
+A planned action is a value (`PlannedAction`); `Wait` says why nothing happens now and,
+when known, what comes next. The actuator applies plans; nothing here touches Slurm.
+
+Each step of a class's ladder for a verdict runs at most once per run of the job: the
+observation key is `<job>/r<restarts>/<verdict>/<step>:<action>` (prefixed `dry:` in
+dry-run), unique in the `actions` table. After a requeue the job's restart count grows
+and its ladder starts again; `max_actions_per_job` bounds the total.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from slurm_aigc.reclaim.config import ReclaimConfig
+from slurm_aigc.reclaim.detect import Verdict
+
+ADMIN_COMMENT_TAG = "aigc-reclaim:"
+# The hook's grammar (see policy/ and telemetry/publisher.py): `aigc:k=v,k=v` (also `;` or
+# `|` between pairs) and the class the hook appends as `aigc_class=X`.
+_TAG_RE = re.compile(r"aigc:(\S+)")
+_PAIR_SPLIT_RE = re.compile(r"[,;|]")
+_CLASS_RE = re.compile(r"(?:^|[\s;,|])aigc_class=([A-Za-z0-9_.-]+)")
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """What Slurm says about a running job (from `scontrol show job`), as planning needs it."""
+
+    job_id: str
+    user: str
+    account: str
+    qos: str
+    job_class: str
+    batch: bool
+    requeue_allowed: bool
+    restarts: int
+    num_nodes: int
+    gpus: int
+    opt_out: bool = False
+    remaining_s: float | None = None
+
+
+@dataclass(frozen=True)
+class PastAction:
+    """One row of the `actions` table, as planning needs it."""
+
+    observation_key: str
+    job_id: str
+    verdict: str
+    action: str
+    state: str  # intent | done | failed | skipped
+    dry_run: bool
+    ts_intent: float
+    ts_outcome: float | None
+
+
+@dataclass(frozen=True)
+class PlannedAction:
+    """An action to apply now: what, to which job, why, and its unique observation key."""
+
+    observation_key: str
+    job_id: str
+    user: str
+    account: str
+    job_class: str
+    verdict: str
+    action: str
+    step: int
+    dry_run: bool
+    restarts_before: int
+    gpus_before: int
+    gpus_after: int
+    gpu_hours_recovered: float | None
+    message: str
+
+
+@dataclass(frozen=True)
+class Wait:
+    """No action now for this job, why, and the next step when there is one."""
+
+    job_id: str
+    reason: str
+    next_action: str | None = None
+    not_before_ts: float | None = None
+
+
+def parse_job_tags(comment: str) -> dict[str, str]:
+    """Tags from a job comment: `aigc:type=train,reclaim=no` and the hook's `aigc_class=X`."""
+    tags: dict[str, str] = {}
+    for group in _TAG_RE.findall(comment or ""):
+        for pair in _PAIR_SPLIT_RE.split(group):
+            key, sep, value = pair.partition("=")
+            if sep and key.strip() and value.strip():
+                tags.setdefault(key.strip().lower(), value.strip())
+    match = _CLASS_RE.search(comment or "")
+    if match:
+        tags.setdefault("class", match.group(1))
+    return tags
+
+
+def job_class_of(comment: str, default: str) -> str:
+    """The AIGC class the hook recorded (`aigc_class=X`), else the user's `aigc:type=X` tag."""
+    hook = _CLASS_RE.search(comment or "")
+    if hook:
+        return hook.group(1)
+    tags = parse_job_tags(comment)
+    return tags.get("type") or tags.get("class") or default
+
+
+def opted_out(comment: str) -> bool:
+    """True when the job carries the per-job opt-out tag `aigc:reclaim=no`."""
+    return parse_job_tags(comment).get("reclaim", "").lower() in {"no", "off", "false", "0"}
+
+
+def observation_key(job_id: str, restarts: int, verdict: str, step: int, action: str, dry_run: bool) -> str:
+    key = f"{job_id}/r{restarts}/{verdict}/{step}:{action}"
+    return f"dry:{key}" if dry_run else key
+
+
+def exemption(facts: JobFacts, config: ReclaimConfig) -> str | None:
+    """Why reclaim must leave this job alone, or None."""
+    exempt = config.exempt
+    checks = (
+        (facts.job_class in exempt.classes, f"class {facts.job_class}"),
+        (facts.account in exempt.accounts, f"account {facts.account}"),
+        (facts.qos in exempt.qos, f"QOS {facts.qos}"),
+        (facts.user in exempt.users, f"user {facts.user}"),
+        (facts.opt_out and config.opt_out == "allow", "opted out (aigc:reclaim=no)"),
+    )
+    return next((f"exempt: {why}" for hit, why in checks if hit), None)
+
+
+def applicable(action: str, facts: JobFacts, verdict: Verdict, config: ReclaimConfig) -> bool:
+    """Whether a ladder step may touch this job at all (else the ladder skips it)."""
+    if action in {"requeue", "shrink"} and not (facts.batch and facts.requeue_allowed):
+        return False
+    if action == "shrink":
+        used = verdict.gpus_used or 0
+        return facts.num_nodes == 1 and 0 < used < facts.gpus
+    if action == "signal":
+        return facts.batch
+    if action == "cancel":
+        return config.cancel_enabled
+    return True
+
+
+def plan_job(
+    verdict: Verdict,
+    facts: JobFacts,
+    history: Sequence[PastAction],
+    config: ReclaimConfig,
+    now_ts: float,
+    dry_run: bool | None = None,
+) -> PlannedAction | Wait:
+    """The next step for one job (pure: same inputs, same plan)."""
+    dry = config.dry_run if dry_run is None else dry_run
+    if verdict.kind is None:
+        return Wait(facts.job_id, verdict.reason)
+    why_exempt = exemption(facts, config)
+    if why_exempt:
+        return Wait(facts.job_id, why_exempt)
+    mine = [a for a in history if a.job_id == facts.job_id and a.dry_run == dry]
+    if any(a.state == "intent" for a in mine):
+        return Wait(facts.job_id, "an earlier action has no outcome yet (reconcile first)")
+    if len(mine) >= config.max_actions_per_job:
+        return Wait(facts.job_id, f"per-job cap of {config.max_actions_per_job} actions reached")
+    step = _next_step(verdict, facts, mine, config, dry)
+    if step is None:
+        return Wait(facts.job_id, f"{verdict.kind}: ladder finished for this run of the job")
+    index, action = step
+    ready_at = _cooldown_end(facts, mine, config)
+    if ready_at is not None and now_ts < ready_at:
+        return Wait(facts.job_id, f"cool-down after the previous step ({ready_at - now_ts:.0f}s left)", action, ready_at)
+    return _planned(verdict, facts, index, action, dry, config)
+
+
+def _next_step(
+    verdict: Verdict, facts: JobFacts, mine: Iterable[PastAction], config: ReclaimConfig, dry: bool
+) -> tuple[int, str] | None:
+    assert verdict.kind is not None
+    taken = {a.observation_key for a in mine}
+    ladder = config.policy_for(facts.job_class).ladder.get(verdict.kind, ())
+    for index, action in enumerate(ladder):
+        if not applicable(action, facts, verdict, config):
+            continue
+        if observation_key(facts.job_id, facts.restarts, verdict.kind, index, action, dry) not in taken:
+            return index, action
+    return None
+
+
+def _cooldown_end(facts: JobFacts, mine: Iterable[PastAction], config: ReclaimConfig) -> float | None:
+    prefix = f"{facts.job_id}/r{facts.restarts}/"
+    this_run = [max(a.ts_intent, a.ts_outcome or 0.0) for a in mine if a.observation_key.removeprefix("dry:").startswith(prefix)]
+    return max(this_run) + config.cooldown_s if this_run else None
+
+
+def _planned(verdict: Verdict, facts: JobFacts, index: int, action: str, dry: bool, config: ReclaimConfig) -> PlannedAction:
+    assert verdict.kind is not None
+    gpus_after = {"shrink": verdict.gpus_used or facts.gpus, "requeue": 0, "cancel": 0}.get(action, facts.gpus)
+    freed = facts.gpus - gpus_after
+    recovered = freed * facts.remaining_s / 3600.0 if freed and facts.remaining_s is not None else None
+    return PlannedAction(
+        observation_key=observation_key(facts.job_id, facts.restarts, verdict.kind, index, action, dry),
+        job_id=facts.job_id,
+        user=facts.user,
+        account=facts.account,
+        job_class=facts.job_class,
+        verdict=verdict.kind,
+        action=action,
+        step=index,
+        dry_run=dry,
+        restarts_before=facts.restarts,
+        gpus_before=facts.gpus,
+        gpus_after=gpus_after,
+        gpu_hours_recovered=None if recovered is None else round(recovered, 3),
+        message=_message(verdict, facts, action, index, config),
+    )
+
+
+def _message(verdict: Verdict, facts: JobFacts, action: str, index: int, config: ReclaimConfig) -> str:
+    assert verdict.kind is not None
+    ladder = config.policy_for(facts.job_class).ladder.get(verdict.kind, ())
+    later = [a for a in ladder[index + 1:] if applicable(a, facts, verdict, config)]
+    then = f"; next step {later[0]} in {config.cooldown_s:.0f}s if it persists" if later else ""
+    return f"{ADMIN_COMMENT_TAG} job {facts.job_id} {verdict.kind}: {verdict.reason}; {action}{then}"
+
+
+def limit_per_tick(plans: Sequence[PlannedAction], cap: int) -> tuple[list[PlannedAction], list[Wait]]:
+    """Apply the per-tick cap: later escalation steps first (they free GPUs), then job order."""
+    ordered = sorted(plans, key=lambda p: (-p.step, p.job_id))
+    kept, dropped = ordered[:cap], ordered[cap:]
+    return kept, [Wait(p.job_id, f"per-tick cap of {cap} actions reached", p.action) for p in dropped]

@@ -1,0 +1,166 @@
+"""Reclaim's use of the database: the `actions` audit trail and the `job_gpu_samples` it judges.
+
+Every write goes through `slurm_aigc.db.transaction`, so a database that is down surfaces
+as DatabaseError (the controller then waits and retries; it never acts without a record).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from slurm_aigc.db import ActionRecord, JobGpuSample, transaction
+from slurm_aigc.reclaim.ladder import PastAction, PlannedAction
+
+# Batches of job ids per `IN (...)`: SQLite allows 32766 bound parameters since 3.32, older 999.
+_IN_CHUNK = 900
+
+
+@dataclass(frozen=True)
+class ActionRow:
+    """One row of the audit trail (`slurm-aigc audit`)."""
+
+    id: int
+    observation_key: str
+    ts_intent: float
+    ts_outcome: float | None
+    job_id: str
+    user: str | None
+    account: str | None
+    job_class: str | None
+    verdict: str
+    action: str
+    step: int
+    dry_run: bool
+    state: str
+    detail: Mapping[str, Any]
+    gpus_before: int | None
+    gpus_after: int | None
+    gpu_hours_recovered: float | None
+
+    def as_past(self) -> PastAction:
+        return PastAction(self.observation_key, self.job_id, self.verdict, self.action, self.state,
+                          self.dry_run, self.ts_intent, self.ts_outcome)
+
+
+@dataclass(frozen=True)
+class SampleRow:
+    """A `job_gpu_samples` row, as the detectors read it."""
+
+    job_id: str
+    node: str
+    gpu_index: int
+    ts: float
+    sm_util_pct: float | None
+    memory_used_mib: float | None
+    power_draw_w: float | None
+    power_limit_w: float | None
+    shared: bool
+
+
+class ReclaimStore:
+    """Reads samples and reads/writes the action audit trail."""
+
+    def __init__(self, factory: sessionmaker[Session]) -> None:
+        self._factory = factory
+
+    def record_intent(self, plan: PlannedAction, detail: Mapping[str, Any], now_ts: float) -> int | None:
+        """Insert the intent row; None when the observation key is already recorded (never act twice)."""
+        with transaction(self._factory) as session:
+            if session.scalar(select(ActionRecord.id).where(ActionRecord.observation_key == plan.observation_key)):
+                return None
+            row = ActionRecord(
+                observation_key=plan.observation_key, ts_intent=now_ts, job_id=plan.job_id, user=plan.user,
+                account=plan.account, job_class=plan.job_class, verdict=plan.verdict, action=plan.action,
+                step=plan.step, dry_run=plan.dry_run, state="intent", detail=json.dumps(dict(detail), sort_keys=True),
+                gpus_before=plan.gpus_before, gpus_after=plan.gpus_after, gpu_hours_recovered=plan.gpu_hours_recovered,
+            )
+            session.add(row)
+            session.flush()
+            return int(row.id)
+
+    def record_outcome(self, action_id: int, state: str, detail: Mapping[str, Any], now_ts: float) -> None:
+        """Close an intent with its outcome (done | failed | skipped) and the merged detail."""
+        with transaction(self._factory) as session:
+            row = session.get(ActionRecord, action_id)
+            if row is None:
+                return
+            merged = {**_load_detail(row.detail), **detail}
+            row.state, row.ts_outcome, row.detail = state, now_ts, json.dumps(merged, sort_keys=True)
+
+    def open_intents(self) -> list[ActionRow]:
+        """Live intents without an outcome: the controller stopped between the two writes."""
+        query = select(ActionRecord).where(ActionRecord.state == "intent", ActionRecord.dry_run.is_(False))
+        return self._rows(query.order_by(ActionRecord.id))
+
+    def history(self, job_ids: Iterable[str]) -> dict[str, list[PastAction]]:
+        """Every recorded action of these jobs, by job id."""
+        result: dict[str, list[PastAction]] = {}
+        for chunk in _chunks(sorted(set(job_ids))):
+            for row in self._rows(select(ActionRecord).where(ActionRecord.job_id.in_(chunk))):
+                result.setdefault(row.job_id, []).append(row.as_past())
+        return result
+
+    def audit(self, job_id: str | None = None, since_ts: float | None = None, action: str | None = None) -> list[ActionRow]:
+        """Rows of the audit trail, oldest first, filtered like `slurm-aigc audit`."""
+        query = select(ActionRecord)
+        if job_id:
+            query = query.where(ActionRecord.job_id == job_id)
+        if since_ts is not None:
+            query = query.where(ActionRecord.ts_intent >= since_ts)
+        if action:
+            query = query.where(ActionRecord.action == action)
+        return self._rows(query.order_by(ActionRecord.ts_intent, ActionRecord.id))
+
+    def samples(self, job_ids: Iterable[str], since_ts: float) -> list[SampleRow]:
+        """`job_gpu_samples` of these jobs since `since_ts`, sorted by job, node, GPU, time."""
+        rows: list[SampleRow] = []
+        columns = (JobGpuSample.job_id, JobGpuSample.node, JobGpuSample.gpu_index, JobGpuSample.ts,
+                   JobGpuSample.sm_util_pct, JobGpuSample.memory_used_mib, JobGpuSample.power_draw_w,
+                   JobGpuSample.power_limit_w, JobGpuSample.shared)
+        with transaction(self._factory) as session:
+            for chunk in _chunks(sorted(set(job_ids))):
+                query = select(*columns).where(JobGpuSample.job_id.in_(chunk), JobGpuSample.ts >= since_ts)
+                rows.extend(SampleRow(*r) for r in session.execute(query))
+        rows.sort(key=lambda r: (r.job_id, r.node, r.gpu_index, r.ts))
+        return rows
+
+    def newest_sample_ts(self) -> float | None:
+        """Time of the newest job sample of any job: how fresh the agents' data is."""
+        with transaction(self._factory) as session:
+            value = session.scalar(select(func.max(JobGpuSample.ts)))
+        return None if value is None else float(value)
+
+    def _rows(self, query: Any) -> list[ActionRow]:
+        with transaction(self._factory) as session:
+            return [_action_row(r) for r in session.scalars(query)]
+
+
+def _chunks(values: Sequence[str]) -> Iterable[Sequence[str]]:
+    for start in range(0, len(values), _IN_CHUNK):
+        yield values[start:start + _IN_CHUNK]
+
+
+def _load_detail(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {"text": text}
+    return value if isinstance(value, dict) else {"text": text}
+
+
+def _action_row(row: ActionRecord) -> ActionRow:
+    return ActionRow(
+        id=row.id, observation_key=row.observation_key, ts_intent=row.ts_intent, ts_outcome=row.ts_outcome,
+        job_id=row.job_id, user=row.user, account=row.account, job_class=row.job_class, verdict=row.verdict,
+        action=row.action, step=row.step, dry_run=bool(row.dry_run), state=row.state,
+        detail=_load_detail(row.detail), gpus_before=row.gpus_before, gpus_after=row.gpus_after,
+        gpu_hours_recovered=row.gpu_hours_recovered,
+    )

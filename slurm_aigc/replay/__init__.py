@@ -1,0 +1,1 @@
+"""Trace replay: trace readers, the workload file format, the generator and run metrics."""

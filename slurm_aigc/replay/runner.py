@@ -1,0 +1,313 @@
+"""Runs a workload on the local cluster, as stock Slurm or with slurm-aigc, and collects its records.
+
+The one place with replay side effects: installs the hook (or a pass-through one), starts
+one agent per node and (for slurm-aigc) the controller as subprocesses, submits each job at
+its offset with `sbatch`, waits until every job has ended, then reads what happened from
+sacct and the samples database. Agents run in both modes (observing only in stock mode),
+so both runs' utilization is measured the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from sqlalchemy import func, select
+
+from slurm_aigc.db import ActionRecord, GpuSample, open_database
+from slurm_aigc.localcluster.config import PASS_THROUGH_HOOK, TEST_USERS
+from slurm_aigc.localcluster.manager import LocalCluster
+from slurm_aigc.replay.metrics import END_STATES, JobOutcome, UsageSample
+from slurm_aigc.replay.workload import Workload, WorkloadJob, format_profile
+from slurm_aigc.report.sacct import JobRecord, SacctQuery, SacctReader, SkippedRow
+from slurm_aigc.report.tres import gpu_equivalents
+from slurm_aigc.slurm import SlurmCli
+
+Progress = Callable[[str], None]
+MODES = ("stock", "aigc")
+SLURM_AIGC_BIN = str(Path(sys.executable).with_name("slurm-aigc"))
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """How one replay run is driven; `policy` is the slurm-aigc policy file for mode aigc."""
+
+    mode: str
+    policy: Path
+    out_dir: Path
+    agent_interval_s: float = 2.0
+    controller_interval_s: float = 3.0
+    timeout_s: float = 1800.0
+    progress_every_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What a run produced: per-job outcomes, GPU samples, reclaimed GPU-hours, skipped sacct rows."""
+
+    mode: str
+    outcomes: tuple[JobOutcome, ...]
+    samples: tuple[UsageSample, ...]
+    capacity_gpus: int
+    gpu_hours_reclaimed: float
+    skipped: tuple[SkippedRow, ...] = ()
+    job_ids: dict[str, str] = field(default_factory=dict)
+    end_ts: float = 0.0
+
+
+# ---------------------------------------------------------------- pure parts
+
+def user_for(job: WorkloadJob, index: int, users: Sequence[str] = TEST_USERS) -> str:
+    """The workload's user when it is one of ours, else spread over the test users."""
+    return job.user if job.user in users else users[index % len(users)]
+
+
+def sbatch_args(job: WorkloadJob) -> list[str]:
+    """The sbatch options a user would type for this job (the hook may narrow them)."""
+    args = [
+        f"--job-name={job.name}",
+        f"--gres=gpu:{job.gpus}",
+        f"--time={max(1, -(-job.time_limit_s // 60))}",
+        "--chdir=/tmp",
+        "--output=/dev/null",
+        "--requeue" if job.requeue else "--no-requeue",
+    ]
+    if job.tags:
+        args.append(f"--comment={job.tags}")
+    return args
+
+
+def job_script(job: WorkloadJob, slurm_aigc_bin: str = SLURM_AIGC_BIN) -> str:
+    """The batch script: `slurm-aigc gpu-load` playing the job's profile on the GPUs it got.
+
+    After a requeue (SLURM_RESTART_COUNT > 0) it plays `requeue_profile` when the workload
+    gives one (a job restarting from its checkpoint); an over-allocated job loads only the
+    first `gpus_used` of its GPUs.
+    """
+    base = [slurm_aigc_bin, "gpu-load", "--util", f"{job.util_pct or 85:g}", "--mem", f"{max(job.mem_used_gib_per_gpu, 0.1):g}G"]
+    first = shlex.join([*base, "--profile-spec", format_profile(job.profile)])
+    again = shlex.join([*base, "--profile-spec", format_profile(job.requeue_profile or job.profile)])
+    select_gpus = ""
+    if job.gpus_used and job.gpus_used < job.gpus:
+        select_gpus = f'GPUS=$(echo "${{SLURM_JOB_GPUS:-${{CUDA_VISIBLE_DEVICES}}}}" | cut -d, -f1-{job.gpus_used})\n'
+        first += ' --gpus "$GPUS"'
+        again += ' --gpus "$GPUS"'
+    return (
+        "#!/bin/bash\n"
+        f"# slurm-aigc replay job {job.name} ({job.job_class})\n"
+        f"{select_gpus}"
+        'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then\n'
+        f"    exec {again}\n"
+        "fi\n"
+        f"exec {first}\n"
+    )
+
+
+def outcomes_from_records(records: Sequence[JobRecord], classes: dict[str, str],
+                          shards_per_gpu: dict[str, int]) -> list[JobOutcome]:
+    """One JobOutcome per job from its sacct records (a requeued job has several)."""
+    by_job: dict[str, list[JobRecord]] = {}
+    for record in records:
+        by_job.setdefault(record.job_id_raw, []).append(record)
+    return [_outcome(job_id, rows, classes.get(job_id, rows[-1].aigc_class), shards_per_gpu)
+            for job_id, rows in sorted(by_job.items(), key=lambda item: int(item[0]))]
+
+
+def _outcome(job_id: str, rows: list[JobRecord], job_class: str, shards_per_gpu: dict[str, int]) -> JobOutcome:
+    rows = sorted(rows, key=lambda r: (r.start_ts or r.submit_ts or 0.0))
+    last = rows[-1]
+    whole, fraction, _ = gpu_equivalents(last.tres, shards_per_gpu, last.node_list)
+    allocated = 0.0
+    for row in rows:
+        if row.start_ts is not None:
+            row_whole, row_fraction, _ = gpu_equivalents(row.tres, shards_per_gpu, row.node_list)
+            allocated += (row_whole + row_fraction) * ((row.end_ts or time.time()) - row.start_ts)
+    submit = min(r.submit_ts for r in rows if r.submit_ts is not None) if any(r.submit_ts for r in rows) else 0.0
+    starts = [r.start_ts for r in rows if r.start_ts is not None]
+    return JobOutcome(
+        job_id=job_id, job_class=job_class, gpus=whole + fraction, submit_ts=submit,
+        start_ts=min(starts) if starts else None, end_ts=last.end_ts, state=last.state.split()[0],
+        requeues=sum(1 for r in rows if r.requeued), allocated_gpu_s=allocated,
+    )
+
+
+# ---------------------------------------------------------------- the run
+
+class ReplayRun:
+    """One run of a workload in one mode on the local cluster."""
+
+    def __init__(self, workload: Workload, settings: RunSettings, cluster: LocalCluster, progress: Progress) -> None:
+        if settings.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {settings.mode!r}")
+        self.workload = workload
+        self.settings = settings
+        self.cluster = cluster
+        self.slurm: SlurmCli = cluster.slurm
+        self.progress = progress
+        self.db_url = f"sqlite:///{settings.out_dir.resolve()}/{settings.mode}.db"
+        self.daemons: list[subprocess.Popen[bytes]] = []
+        self.job_ids: dict[str, str] = {}
+
+    def run(self) -> RunRecord:
+        self.settings.out_dir.mkdir(parents=True, exist_ok=True)
+        Path(self.db_url.removeprefix("sqlite:///")).unlink(missing_ok=True)
+        open_database(self.db_url)
+        self._prepare_cluster()
+        started = time.time()
+        try:
+            self._start_daemons()
+            self._submit_all(started)
+            self._wait_all_ended(started)
+        finally:
+            self._stop_daemons()
+            self._cancel_leftovers()
+        return self._collect(started)
+
+    # ---- steps
+    def _prepare_cluster(self) -> None:
+        """Nothing of ours queued; the hook of this mode installed; features/weights reset."""
+        self._cancel_leftovers()
+        if self.settings.mode == "aigc":
+            _run_cli(["policy", "install", "--policy", str(self.settings.policy),
+                      "--slurm-conf-dir", str(self.cluster.etc_dir)])
+        else:
+            _install_lua_atomically(self.cluster.etc_dir / "job_submit.lua", PASS_THROUGH_HOOK)
+        # reconfigure also drops features/weights a previous run's publisher set.
+        self.slurm.reconfigure()
+        self.progress(f"{self.settings.mode}: hook {'installed' if self.settings.mode == 'aigc' else 'pass-through'}, cluster reset")
+
+    def _start_daemons(self) -> None:
+        log_dir = self.settings.out_dir / f"{self.settings.mode}-logs"
+        log_dir.mkdir(exist_ok=True)
+        env = dict(os.environ, SLURM_AIGC_SIMGPU_DIR=str(self.cluster.simgpu_dir), PYTHONUNBUFFERED="1")
+        common = ["--config", str(self.settings.policy), "--db", self.db_url]
+        for node in self.cluster.shape().nodes:
+            argv = ["agent", *common, "--backend", "sim", "--node", node.name, "--interval", f"{self.settings.agent_interval_s:g}"]
+            if self.settings.mode == "stock":
+                argv.append("--dry-run")  # observe only: stock Slurm gets no features from us
+            self.daemons.append(_spawn(argv, log_dir / f"agent-{node.name}.log", env))
+        if self.settings.mode == "aigc":
+            argv = ["controller", *common, "--interval", f"{self.settings.controller_interval_s:g}", "--no-dry-run"]
+            self.daemons.append(_spawn(argv, log_dir / "controller.log", env))
+        self.progress(f"{self.settings.mode}: {len(self.daemons)} daemons started (logs in {log_dir})")
+
+    def _submit_all(self, started: float) -> None:
+        jobs = self.workload.jobs
+        next_report = started
+        for index, job in enumerate(jobs):
+            delay = started + job.submit_offset_s - time.time()
+            if delay > 0:
+                time.sleep(delay)  # the workload's own arrival clock, not a test wait
+            try:
+                self.job_ids[job.name] = self.slurm.submit(sbatch_args(job), job_script(job), user=user_for(job, index))
+            except Exception as error:  # noqa: BLE001 - a refused job is a result, not a crash
+                self.progress(f"{self.settings.mode}: {job.name} refused by sbatch: {error}")
+            if time.time() >= next_report:
+                self.progress(f"{self.settings.mode}: submitted {index + 1}/{len(jobs)}")
+                next_report = time.time() + self.settings.progress_every_s
+
+    def _wait_all_ended(self, started: float) -> None:
+        deadline = started + self.settings.timeout_s
+        pending_ids = set(self.job_ids.values())
+        while pending_ids and time.time() < deadline:
+            live = {job.job_id: job for job in self.slurm.jobs() if job.job_id in pending_ids}
+            pending_ids = {job_id for job_id, job in live.items() if job.state.split()[0] not in END_STATES}
+            running = sum(1 for job in live.values() if job.state.startswith("RUNNING"))
+            self.progress(f"{self.settings.mode}: t={time.time() - started:5.0f}s  "
+                          f"running {running}, waiting {len(pending_ids) - running}, ended {len(self.job_ids) - len(pending_ids)}")
+            if pending_ids:
+                time.sleep(min(self.settings.progress_every_s, 5.0))
+        if pending_ids:
+            self.progress(f"{self.settings.mode}: timeout: {len(pending_ids)} jobs still not ended; counted as lost")
+
+    def _stop_daemons(self) -> None:
+        for process in self.daemons:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in self.daemons:
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        self.daemons.clear()
+
+    def _cancel_leftovers(self) -> None:
+        for user in TEST_USERS:
+            self.slurm.run("scancel", ["-u", user])
+        deadline = time.time() + 60
+        while time.time() < deadline and any(j.user in TEST_USERS and j.state.split()[0] not in END_STATES
+                                             for j in self.slurm.jobs()):
+            time.sleep(1)
+
+    def _collect(self, started: float) -> RunRecord:
+        ids = tuple(self.job_ids.values())
+        records, skipped = self._sacct(ids, started) if ids else ([], [])
+        classes = {job_id: job.job_class for job in self.workload.jobs if (job_id := self.job_ids.get(job.name))}
+        shards = {n.gpu.gres_type: n.shards_per_gpu for n in self.cluster.shape().nodes}
+        outcomes = outcomes_from_records(records, classes, shards)
+        # A job sacct never heard of was lost by the scheduler (or refused): count it.
+        seen = {o.job_id for o in outcomes}
+        for job_id in ids:
+            if job_id not in seen:
+                outcomes.append(JobOutcome(job_id, classes.get(job_id, "unknown"), 0.0, started, None, None, "LOST"))
+        samples, reclaimed = self._samples(started)
+        return RunRecord(self.settings.mode, tuple(outcomes), samples, self.cluster.shape().total_gpus, reclaimed,
+                         tuple(skipped), dict(self.job_ids), time.time())
+
+    def _sacct(self, ids: tuple[str, ...], started: float) -> tuple[list[JobRecord], list[SkippedRow]]:
+        query = SacctQuery(since=datetime.fromtimestamp(started) - timedelta(minutes=1),
+                           until=datetime.now() + timedelta(minutes=1), job_ids=ids)
+        records: list[JobRecord] = []
+        skipped: list[SkippedRow] = []
+        deadline = time.time() + 60
+        while True:  # slurmdbd records job ends asynchronously
+            records, skipped = [], []
+            for row in SacctReader(self.slurm).rows(query):
+                (skipped if isinstance(row, SkippedRow) else records).append(row)  # type: ignore[arg-type]
+            ended = {r.job_id_raw for r in records if r.end_ts is not None and not r.requeued}
+            if len(ended) >= len(set(ids)) or time.time() > deadline:
+                return records, skipped
+            time.sleep(1)
+
+    def _samples(self, started: float) -> tuple[tuple[UsageSample, ...], float]:
+        factory = open_database(self.db_url)
+        with factory() as session:
+            rows = session.execute(
+                select(GpuSample.ts, GpuSample.node, GpuSample.gpu_index, GpuSample.sm_util_pct)
+                .where(GpuSample.ts >= started, GpuSample.lost.is_(False))
+            ).all()
+            reclaimed = session.scalar(
+                select(func.coalesce(func.sum(ActionRecord.gpu_hours_recovered), 0.0))
+                .where(ActionRecord.state == "done", ActionRecord.dry_run.is_(False))
+            )
+        samples = tuple(UsageSample(ts, node, index, util or 0.0) for ts, node, index, util in rows)
+        return samples, float(reclaimed or 0.0)
+
+
+def _spawn(args: Sequence[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:
+        return subprocess.Popen([SLURM_AIGC_BIN, *args], stdout=out, stderr=subprocess.STDOUT, env=env)
+
+
+def _run_cli(args: Sequence[str]) -> None:
+    result = subprocess.run([SLURM_AIGC_BIN, *args], capture_output=True, text=True, check=False, timeout=120)
+    if result.returncode != 0:
+        from slurm_aigc.errors import AigcError
+        raise AigcError(f"slurm-aigc {' '.join(args)} failed: {result.stderr.strip()[-600:]}")
+
+
+def _install_lua_atomically(path: Path, text: str) -> None:
+    """Replace the hook file in one rename; bump its mtime past the last load second (Slurm 22.05 skips same-second reloads)."""
+    temporary = path.with_suffix(".lua.tmp")
+    temporary.write_text(text)
+    stamp = max(time.time(), (path.stat().st_mtime + 1.1) if path.exists() else 0.0)
+    os.utime(temporary, (stamp, stamp))
+    temporary.replace(path)

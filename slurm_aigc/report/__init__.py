@@ -1,0 +1,1 @@
+"""GPU reports: sacct allocations joined with slurm-aigc's samples and audit trail."""

@@ -1,0 +1,438 @@
+"""Pure aggregation: allocation records, GPU samples and audit events -> figures per group.
+
+GPU-hours allocated count each run segment's allocation (whole GPUs plus shards as GPU
+fractions) inside the report window; a running job counts up to the window end. GPU-hours
+used come only from samples; jobs without samples are counted apart and left out of
+efficiency instead of being taken as idle.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import date, datetime, time, timedelta, tzinfo
+
+from slurm_aigc.report.sacct import JobRecord, SkippedRow
+from slurm_aigc.report.samples import ActionEvent, SampleSlice
+from slurm_aigc.report.tres import gpu_equivalents, gpu_type_of
+
+GROUP_KEYS = ("user", "account", "partition", "class", "gpu_type", "day")
+DEFAULT_SHARDS_PER_GPU: Mapping[str, int] = {"a100": 80, "t4": 16}
+ALL = "all"
+_UTIL_BINS = 60
+
+
+@dataclass(frozen=True)
+class ReportParams:
+    """What a report covers and how it groups; `tz` decides day boundaries (None: local)."""
+
+    since_ts: float
+    until_ts: float
+    group_by: tuple[str, ...] = ()
+    shards_per_gpu: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_SHARDS_PER_GPU))
+    tz: tzinfo | None = None
+
+
+@dataclass(frozen=True)
+class GroupFigures:
+    """Figures of one group (or of everything, with key ('all',))."""
+
+    key: tuple[str, ...]
+    jobs: int
+    gpu_jobs: int
+    running_jobs: int
+    run_segments: int
+    gpu_hours_allocated: float
+    whole_gpu_hours: float
+    shard_gpu_hours: float
+    whole_gpu_jobs: int
+    shard_jobs: int
+    gpu_hours_sampled: float
+    gpu_hours_unsampled: float
+    jobs_without_samples: int
+    gpu_hours_used: float | None
+    idle_gpu_hours: float | None
+    efficiency: float | None
+    queue_wait_mean_s: float | None
+    queue_wait_p95_s: float | None
+    jobs_requeued: int
+    requeues: int
+    jobs_requeued_by_aigc: int
+    jobs_shrunk_by_aigc: int
+    gpu_hours_recovered: float
+
+
+@dataclass(frozen=True)
+class Report:
+    params: ReportParams
+    groups: tuple[GroupFigures, ...]
+    total: GroupFigures
+    util_by_class: Mapping[str, tuple[tuple[float, float], ...]]
+    queue_waits_s: tuple[float, ...]
+    skipped: tuple[SkippedRow, ...]
+    notes: tuple[str, ...]
+
+
+@dataclass
+class _Acc:
+    """Running sums of one group (internal, mutable while aggregating)."""
+
+    jobs: set[str] = field(default_factory=set)
+    gpu_jobs: set[str] = field(default_factory=set)
+    running_jobs: set[str] = field(default_factory=set)
+    whole_jobs: set[str] = field(default_factory=set)
+    shard_jobs: set[str] = field(default_factory=set)
+    segments: int = 0
+    whole_gpu_s: float = 0.0
+    shard_gpu_s: float = 0.0
+    waits_s: list[float] = field(default_factory=list)
+    requeued_jobs: set[str] = field(default_factory=set)
+    requeues: int = 0
+    used_gpu_s: float = 0.0
+    sampled_gpu_s: float = 0.0
+    sampled_jobs: set[str] = field(default_factory=set)
+    aigc_requeued: set[str] = field(default_factory=set)
+    aigc_shrunk: set[str] = field(default_factory=set)
+    recovered_gpu_h: float = 0.0
+
+
+def percentile(values: Sequence[float], pct: float) -> float | None:
+    """Nearest-rank percentile (p95 of 20 values is the 19th smallest); None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(pct / 100.0 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def day_of(ts: float, tz: tzinfo | None) -> str:
+    return datetime.fromtimestamp(ts, tz).date().isoformat()
+
+
+def split_by_day(start_ts: float, end_ts: float, tz: tzinfo | None) -> list[tuple[str, float]]:
+    """[start, end) cut at midnights of `tz` -> (day, seconds) pieces."""
+    pieces: list[tuple[str, float]] = []
+    cursor = start_ts
+    while cursor < end_ts:
+        today = datetime.fromtimestamp(cursor, tz).date()
+        midnight = _midnight(today + timedelta(days=1), tz)
+        piece_end = min(end_ts, midnight)
+        pieces.append((today.isoformat(), piece_end - cursor))
+        cursor = piece_end
+    return pieces
+
+
+def _midnight(day: date, tz: tzinfo | None) -> float:
+    return datetime.combine(day, time(0), tz).timestamp()
+
+
+class Aggregator:
+    """Feeds records, then samples, then actions; `result()` gives the report."""
+
+    def __init__(self, params: ReportParams) -> None:
+        unknown = [key for key in params.group_by if key not in GROUP_KEYS]
+        if unknown:
+            raise ValueError(f"cannot group by {', '.join(unknown)}; choose from {', '.join(GROUP_KEYS)}")
+        self._p = params
+        self._groups: dict[tuple[str, ...], _Acc] = defaultdict(_Acc)
+        self._total = _Acc()
+        self._job_attrs: dict[str, dict[str, str]] = {}
+        self._job_alias: dict[str, str] = {}
+        self._alloc: dict[tuple[str, tuple[str, ...]], float] = defaultdict(float)
+        self._util_bins: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0]))
+        self._skipped: list[SkippedRow] = []
+        self._unresolved_shard_jobs: set[str] = set()
+        self._foreign_sample_jobs: set[str] = set()
+        self._foreign_action_jobs: set[str] = set()
+        self._segments: dict[str, int] = {}
+        self._last_key: dict[str, tuple[str, ...]] = {}
+        self._bin_s = max(60.0, math.ceil((params.until_ts - params.since_ts) / _UTIL_BINS / 60.0) * 60.0)
+
+    # -- records ---------------------------------------------------------------------
+    def add_rows(self, rows: Iterable[JobRecord | SkippedRow]) -> None:
+        for row in rows:
+            if isinstance(row, SkippedRow):
+                self._skipped.append(row)
+            else:
+                self.add_record(row)
+
+    def add_record(self, record: JobRecord) -> None:
+        """Count one run segment of one job."""
+        job = record.job_id_raw
+        attrs = self._attrs(record)
+        self._job_attrs[job] = attrs
+        self._job_alias[record.job_id] = job
+        whole, shard, resolved = gpu_equivalents(record.tres, self._p.shards_per_gpu, record.node_list)
+        if not resolved:
+            self._unresolved_shard_jobs.add(job)
+        for day, seconds in self._pieces(record):
+            key = self._key(attrs, day)
+            for acc in (self._groups[key], self._total):
+                self._count_piece(acc, record, whole, shard, seconds)
+            self._alloc[(job, key)] += (whole + shard) * seconds
+        self._count_segment(record, attrs)
+
+    def _count_piece(self, acc: _Acc, record: JobRecord, whole: float, shard: float, seconds: float) -> None:
+        job = record.job_id_raw
+        acc.jobs.add(job)
+        acc.whole_gpu_s += whole * seconds
+        acc.shard_gpu_s += shard * seconds
+        if whole + shard > 0:
+            acc.gpu_jobs.add(job)
+        if whole > 0:
+            acc.whole_jobs.add(job)
+        if record.tres.shards > 0:
+            acc.shard_jobs.add(job)
+        if record.running and (record.end_ts is None):
+            acc.running_jobs.add(job)
+
+    def _count_segment(self, record: JobRecord, attrs: Mapping[str, str]) -> None:
+        # Waits and requeues belong to the day the segment started (or was submitted).
+        anchor = record.start_ts if record.start_ts is not None else record.submit_ts
+        day = day_of(self._clip(anchor if anchor is not None else self._p.since_ts), self._p.tz)
+        key = self._key(attrs, day)
+        wait = record.queue_wait_s
+        for acc in (self._groups[key], self._total):
+            acc.segments += 1
+            if wait is not None and record.start_ts is not None and record.start_ts >= self._p.since_ts:
+                acc.waits_s.append(wait)
+        # With --duplicates every run of a requeued (or preempted and requeued) job is a
+        # record of its own; the job's last record seen carries the count.
+        self._segments[record.job_id_raw] = self._segments.get(record.job_id_raw, 0) + 1
+        self._last_key[record.job_id_raw] = key
+
+    def _pieces(self, record: JobRecord) -> list[tuple[str, float]]:
+        """The segment's allocated time inside the window, by day; never empty."""
+        if record.start_ts is not None:
+            start = max(record.start_ts, self._p.since_ts)
+            end = min(record.end_ts if record.end_ts is not None else self._p.until_ts, self._p.until_ts)
+            if end > start:
+                return split_by_day(start, end, self._p.tz)
+        anchor = record.start_ts if record.start_ts is not None else record.submit_ts
+        return [(day_of(self._clip(anchor if anchor is not None else self._p.since_ts), self._p.tz), 0.0)]
+
+    def _clip(self, ts: float) -> float:
+        return min(max(ts, self._p.since_ts), self._p.until_ts - 1e-3)
+
+    def _attrs(self, record: JobRecord) -> dict[str, str]:
+        return {
+            "user": record.user, "account": record.account, "partition": record.partition,
+            "class": record.aigc_class,
+            "gpu_type": gpu_type_of(record.tres, self._p.shards_per_gpu, record.node_list),
+        }
+
+    def _key(self, attrs: Mapping[str, str], day: str) -> tuple[str, ...]:
+        if not self._p.group_by:
+            return (ALL,)
+        return tuple(day if name == "day" else attrs[name] for name in self._p.group_by)
+
+    # -- samples ---------------------------------------------------------------------
+    def add_slices(self, slices: Iterable[SampleSlice]) -> None:
+        """Count used GPU-seconds of jobs that are in the report; note the others."""
+        for piece in slices:
+            job = self._job_alias.get(piece.job_id, piece.job_id)
+            attrs = self._job_attrs.get(job)
+            used = piece.used_gpu_s
+            if attrs is None:
+                self._foreign_sample_jobs.add(piece.job_id)
+                continue
+            if used is None:
+                continue
+            key = self._sample_key(job, attrs, piece.ts)
+            for acc in (self._groups[key], self._total):
+                acc.used_gpu_s += used
+                acc.sampled_jobs.add(job)
+            cell = self._util_bins[attrs["class"]][int((piece.ts - self._p.since_ts) // self._bin_s)]
+            cell[0] += (piece.sm_util_pct or 0.0) * piece.duration_s
+            cell[1] += piece.duration_s
+
+    def _sample_key(self, job: str, attrs: Mapping[str, str], ts: float) -> tuple[str, ...]:
+        key = self._key(attrs, day_of(ts, self._p.tz))
+        if (job, key) in self._alloc:
+            return key
+        # A sample on a day the job held no allocation in the window (clock skew at an edge).
+        return next(k for (j, k) in self._alloc if j == job)
+
+    # -- actions ---------------------------------------------------------------------
+    def add_actions(self, events: Iterable[ActionEvent]) -> None:
+        """Count requeues/shrinks slurm-aigc carried out (done, not dry run)."""
+        for event in events:
+            if not event.effective:
+                continue
+            job = self._job_alias.get(event.job_id, event.job_id)
+            attrs = self._job_attrs.get(job)
+            if attrs is None:
+                self._foreign_action_jobs.add(event.job_id)
+                continue
+            key = self._key(attrs, day_of(self._clip(event.ts), self._p.tz))
+            for acc in (self._groups[key], self._total):
+                if event.action == "requeue":
+                    acc.aigc_requeued.add(job)
+                elif event.action == "shrink":
+                    acc.aigc_shrunk.add(job)
+                acc.recovered_gpu_h += event.gpu_hours_recovered or 0.0
+
+    # -- result ----------------------------------------------------------------------
+    def result(self) -> Report:
+        for job, count in self._segments.items():
+            if count > 1:
+                for acc in (self._groups[self._last_key[job]], self._total):
+                    acc.requeued_jobs.add(job)
+                    acc.requeues += count - 1
+        for (job, key), gpu_s in self._alloc.items():
+            if job in self._groups[key].sampled_jobs:
+                self._groups[key].sampled_gpu_s += gpu_s
+                self._total.sampled_gpu_s += gpu_s
+        groups = tuple(_figures(key, acc) for key, acc in sorted(self._groups.items()))
+        waits = tuple(self._total.waits_s)
+        return Report(
+            params=self._p, groups=groups, total=_figures((ALL,), self._total),
+            util_by_class=self._util_series(), queue_waits_s=waits,
+            skipped=tuple(self._skipped), notes=tuple(self._notes()),
+        )
+
+    def _util_series(self) -> dict[str, tuple[tuple[float, float], ...]]:
+        return {
+            cls: tuple((self._p.since_ts + index * self._bin_s, total / seconds)
+                       for index, (total, seconds) in sorted(bins.items()) if seconds > 0)
+            for cls, bins in sorted(self._util_bins.items())
+        }
+
+    def _notes(self) -> list[str]:
+        shards = ", ".join(f"{t}={n}" for t, n in sorted(self._p.shards_per_gpu.items()))
+        notes = [f"shards count as GPU fractions: shards / shards per GPU ({shards})"]
+        if self._total.gpu_jobs - self._total.sampled_jobs:
+            count = len(self._total.gpu_jobs - self._total.sampled_jobs)
+            notes.append(f"{count} GPU job(s) have no samples: their GPU-hours are left out of used/idle/efficiency")
+        if self._unresolved_shard_jobs:
+            notes.append(f"{len(self._unresolved_shard_jobs)} job(s) hold shards of an unknown GPU type: counted as 0 GPU-hours")
+        if self._foreign_sample_jobs:
+            notes.append(f"samples of {len(self._foreign_sample_jobs)} job(s) outside the selection were not counted")
+        if self._foreign_action_jobs:
+            notes.append(f"actions on {len(self._foreign_action_jobs)} job(s) outside the selection were not counted")
+        if self._skipped:
+            notes.append(f"{len(self._skipped)} sacct row(s) skipped (listed on stderr)")
+        return notes
+
+
+def _figures(key: tuple[str, ...], acc: _Acc) -> GroupFigures:
+    allocated_h = (acc.whole_gpu_s + acc.shard_gpu_s) / 3600.0
+    sampled_h = acc.sampled_gpu_s / 3600.0
+    used_h = acc.used_gpu_s / 3600.0 if acc.sampled_jobs else None
+    return GroupFigures(
+        key=key, jobs=len(acc.jobs), gpu_jobs=len(acc.gpu_jobs), running_jobs=len(acc.running_jobs),
+        run_segments=acc.segments, gpu_hours_allocated=allocated_h,
+        whole_gpu_hours=acc.whole_gpu_s / 3600.0, shard_gpu_hours=acc.shard_gpu_s / 3600.0,
+        whole_gpu_jobs=len(acc.whole_jobs), shard_jobs=len(acc.shard_jobs),
+        gpu_hours_sampled=sampled_h, gpu_hours_unsampled=max(0.0, allocated_h - sampled_h),
+        jobs_without_samples=len(acc.gpu_jobs - acc.sampled_jobs), gpu_hours_used=used_h,
+        idle_gpu_hours=None if used_h is None else max(0.0, sampled_h - used_h),
+        efficiency=None if used_h is None or sampled_h <= 0 else used_h / sampled_h,
+        queue_wait_mean_s=sum(acc.waits_s) / len(acc.waits_s) if acc.waits_s else None,
+        queue_wait_p95_s=percentile(acc.waits_s, 95.0),
+        jobs_requeued=len(acc.requeued_jobs), requeues=acc.requeues,
+        jobs_requeued_by_aigc=len(acc.aigc_requeued), jobs_shrunk_by_aigc=len(acc.aigc_shrunk),
+        gpu_hours_recovered=acc.recovered_gpu_h,
+    )
+
+
+def build_report(params: ReportParams, rows: Iterable[JobRecord | SkippedRow],
+                 slices: Iterable[SampleSlice] = (), actions: Iterable[ActionEvent] = ()) -> Report:
+    """Aggregate everything for one report (records first: samples and actions join on them)."""
+    aggregator = Aggregator(params)
+    aggregator.add_rows(rows)
+    aggregator.add_slices(slices)
+    aggregator.add_actions(actions)
+    return aggregator.result()
+
+
+@dataclass(frozen=True)
+class GpuSeries:
+    """One GPU of a job over time: (ts, sm_util_pct, memory_used_mib) per sample."""
+
+    node: str
+    gpu_index: int
+    points: tuple[tuple[float, float | None, float | None], ...]
+    memory_total_mib: float | None
+    used_gpu_hours: float
+    sampled_hours: float
+
+    @property
+    def mean_util_pct(self) -> float | None:
+        return None if self.sampled_hours <= 0 else 100.0 * self.used_gpu_hours / self.sampled_hours
+
+    @property
+    def peak_memory_mib(self) -> float | None:
+        values = [mem for _, _, mem in self.points if mem is not None]
+        return max(values) if values else None
+
+
+@dataclass(frozen=True)
+class JobView:
+    """`seff` for GPUs: one job's run segments, GPU use over time and slurm-aigc's actions."""
+
+    job_id: str
+    segments: tuple[JobRecord, ...]
+    gpu_hours_allocated: float
+    gpus: float
+    gpu_type: str
+    series: tuple[GpuSeries, ...]
+    gpu_hours_used: float | None
+    efficiency: float | None
+    actions: tuple[ActionEvent, ...]
+    skipped: tuple[SkippedRow, ...]
+
+
+def job_view(job_id: str, rows: Iterable[JobRecord | SkippedRow], slices: Iterable[SampleSlice],
+             actions: Iterable[ActionEvent], now_ts: float,
+             shards_per_gpu: Mapping[str, int] = DEFAULT_SHARDS_PER_GPU) -> JobView:
+    """Join one job's sacct records (all requeue segments), samples and audit rows."""
+    records, skipped = _split_rows(rows)
+    allocated_s = 0.0
+    gpus = 0.0
+    gpu_type = "none"
+    for record in records:
+        whole, shard, _ = gpu_equivalents(record.tres, shards_per_gpu, record.node_list)
+        if record.start_ts is not None:
+            end = record.end_ts if record.end_ts is not None else now_ts
+            allocated_s += (whole + shard) * max(0.0, end - record.start_ts)
+        if whole + shard > 0:
+            gpus, gpu_type = whole + shard, gpu_type_of(record.tres, shards_per_gpu, record.node_list)
+    series = _series(slices)
+    sampled_h = sum(s.sampled_hours for s in series)
+    used_h = sum(s.used_gpu_hours for s in series) if series else None
+    return JobView(
+        job_id=job_id, segments=tuple(records), gpu_hours_allocated=allocated_s / 3600.0, gpus=gpus,
+        gpu_type=gpu_type, series=series, gpu_hours_used=used_h,
+        efficiency=None if used_h is None or sampled_h <= 0 else used_h / sampled_h,
+        actions=tuple(actions), skipped=tuple(skipped),
+    )
+
+
+def _split_rows(rows: Iterable[JobRecord | SkippedRow]) -> tuple[list[JobRecord], list[SkippedRow]]:
+    records: list[JobRecord] = []
+    skipped: list[SkippedRow] = []
+    for row in rows:
+        (skipped if isinstance(row, SkippedRow) else records).append(row)  # type: ignore[arg-type]
+    records.sort(key=lambda r: r.submit_ts or 0.0)
+    return records, skipped
+
+
+def _series(slices: Iterable[SampleSlice]) -> tuple[GpuSeries, ...]:
+    grouped: dict[tuple[str, int], list[SampleSlice]] = defaultdict(list)
+    for piece in slices:
+        grouped[(piece.node, piece.gpu_index)].append(piece)
+    result = []
+    for (node, index), pieces in sorted(grouped.items()):
+        known = [p for p in pieces if p.used_gpu_s is not None]
+        totals = [p.memory_total_mib for p in pieces if p.memory_total_mib is not None]
+        result.append(GpuSeries(
+            node=node, gpu_index=index,
+            points=tuple((p.ts, p.sm_util_pct, p.memory_used_mib) for p in pieces),
+            memory_total_mib=max(totals) if totals else None,
+            used_gpu_hours=sum(p.used_gpu_s or 0.0 for p in known) / 3600.0,
+            sampled_hours=sum(p.duration_s for p in known) / 3600.0,
+        ))
+    return tuple(result)

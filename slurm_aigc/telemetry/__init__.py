@@ -1,0 +1,1 @@
+"""GPU telemetry: NVML and simulated backends, topology, process-to-job attribution."""

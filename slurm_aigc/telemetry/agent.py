@@ -1,0 +1,277 @@
+"""The node agent (`slurm-aigc agent`): poll the GPUs, attribute processes, store, publish.
+
+One `Agent.tick()` per interval (driven by `DaemonLoop`):
+
+1. read every GPU of the node from the backend (NVML or simulated);
+2. attribute each compute process to its Slurm job (cgroup path, else `scontrol pidinfo`)
+   and turn the reading into per-job per-GPU rows;
+3. store the poll (`gpu_samples`, `process_samples`, `job_gpu_samples`) in one transaction;
+4. unless dry-run, publish the node's STATIC features (GPU type, memory class, NVLink island
+   size; names in `features.py`) at start, whenever they change, and every
+   `feature_check_s` re-check that Slurm still has them (`scontrol reconfigure` and a
+   slurmctld restart forget `scontrol update`), merging into the node's existing features.
+
+A Slurm outage does not stop sampling: a failed publication is logged and retried on the
+next tick while samples keep being stored.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from slurm_aigc.daemonloop import DaemonLoop
+from slurm_aigc.errors import AigcError
+from slurm_aigc.slurm import SlurmCli
+from slurm_aigc.telemetry import features as feat
+from slurm_aigc.telemetry.config import AgentConfig, load_agent_config
+from slurm_aigc.telemetry.gres import node_gpu_allocations
+from slurm_aigc.telemetry.metrics import DaemonMetrics, NullMetrics, open_metrics
+from slurm_aigc.telemetry.records import GpuBackend, NodeReading
+from slurm_aigc.telemetry.store import JobGpuUse, Publication, TelemetryStore
+
+LOG = logging.getLogger(__name__)
+
+# pids of a reading -> job id per pid (None: not in a Slurm job).
+PidAttributor = Callable[[Sequence[int]], Mapping[int, "str | None"]]
+# A reading, the pid -> job map and job -> allocated GPU indices -> a job's use of each GPU.
+UseSplitter = Callable[[NodeReading, Mapping[int, "str | None"], "Mapping[str, Sequence[int]] | None"], Sequence[JobGpuUse]]
+# The GPU indices Slurm gave each running job on this node.
+AllocationSource = Callable[[], "Mapping[str, Sequence[int]]"]
+# Topology text -> NVLink islands (raises AigcError when the text is not a topo -m matrix).
+IslandParser = Callable[[str], list[list[int]]]
+
+
+def short_hostname() -> str:
+    """`hostname -s`: the default node name (Slurm's NodeName on a real cluster)."""
+    return socket.gethostname().split(".", 1)[0]
+
+
+def static_features(reading: NodeReading, islands: Sequence[Sequence[int]] | None) -> tuple[str, ...]:
+    """The agent's features for a node: GPU type(s), memory class(es), NVLink island size."""
+    gpus = [gpu for gpu in reading.gpus if not gpu.lost]
+    names = {feat.gpu_type_feature(gpu.name) for gpu in gpus} | {feat.memory_class_feature(gpu.memory_total_mib) for gpu in gpus}
+    found = {name for name in names if name}
+    if islands:
+        found.update(feat.nvlink_features(islands))
+    return tuple(sorted(found))
+
+
+@dataclass(frozen=True)
+class PollResult:
+    """What one tick did (tests and `--once` output)."""
+
+    node: str
+    gpus: int
+    lost: int
+    processes: int
+    rows_written: int
+    published: tuple[str, ...] | None
+
+
+class Agent:
+    """One node's agent; every side effect is a constructor argument."""
+
+    def __init__(
+        self,
+        node: str,
+        backend: GpuBackend,
+        store: TelemetryStore | None,
+        slurm: SlurmCli,
+        config: AgentConfig,
+        *,
+        attribute: PidAttributor,
+        split_uses: UseSplitter,
+        parse_islands: IslandParser,
+        allocations: AllocationSource | None = None,
+        dry_run: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        metrics: DaemonMetrics | None = None,
+    ) -> None:
+        self.node = node
+        self._backend = backend
+        self._store = store
+        self._slurm = slurm
+        self.config = config
+        self._attribute = attribute
+        self._split_uses = split_uses
+        self._allocations = allocations
+        self._dry_run = dry_run
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._metrics = metrics or NullMetrics()
+        self._islands = self._read_islands(parse_islands)
+        self._published: tuple[str, ...] | None = None
+        self._last_check: float | None = None
+
+    def set_config(self, config: AgentConfig) -> None:
+        """Take a reloaded config (SIGHUP); the backend stays what the agent started with."""
+        if config.backend != self.config.backend or config.simgpu_dir != self.config.simgpu_dir:
+            LOG.warning("agent: a new GPU backend takes a restart; keeping %s", self.config.backend)
+        self.config = config
+        self._last_check = None  # re-check Slurm's features under the new settings
+
+    def tick(self) -> PollResult:
+        """One poll: read, attribute, store, publish."""
+        reading = self._backend.read()
+        pids = sorted({proc.pid for gpu in reading.gpus for proc in gpu.processes})
+        pid_jobs = self._attribute(pids) if pids else {}
+        uses = self._split_uses(reading, pid_jobs, self._read_allocations())
+        written = self._store.write_poll(reading, pid_jobs, uses) if self._store is not None else 0
+        self._metrics.observe_reading(reading)
+        published = self._publish(reading) if self.config.publish_features else None
+        result = PollResult(
+            node=self.node, gpus=len(reading.gpus), lost=sum(1 for g in reading.gpus if g.lost),
+            processes=len(pids), rows_written=written, published=published,
+        )
+        LOG.debug("agent: %s", result)
+        return result
+
+    def close(self) -> None:
+        self._backend.close()
+
+    def _read_allocations(self) -> Mapping[str, Sequence[int]] | None:
+        """Which GPUs each job holds, so a job idling on an allocated GPU shows as a zero row."""
+        if self._allocations is None:
+            return None
+        try:
+            return self._allocations()
+        except AigcError as error:
+            LOG.warning("agent: cannot read GPU allocations (rows only for GPUs in use): %s", error)
+            return None
+
+    # -- static features
+
+    def _read_islands(self, parse: IslandParser) -> list[list[int]] | None:
+        """NVLink islands from `nvidia-smi topo -m`, once at start; None when unknown."""
+        try:
+            text = self._backend.topology_text()
+            return parse(text) if text else None
+        except (AigcError, OSError) as error:
+            LOG.warning("agent: no NVLink topology (%s); not publishing nvlink features", error)
+            return None
+
+    def _publish(self, reading: NodeReading) -> tuple[str, ...] | None:
+        """Publish the static features when due; returns the features written, if any."""
+        wanted = static_features(reading, self._islands)
+        if not wanted or not self._due(wanted):
+            return None
+        try:
+            return self._publish_now(wanted)
+        except AigcError as error:
+            LOG.warning("agent: cannot publish features of %s (retrying next tick): %s", self.node, error)
+            return None
+
+    def _due(self, wanted: tuple[str, ...]) -> bool:
+        if wanted != self._published:
+            return True
+        if self._dry_run:
+            return False  # a dry run logs each would-be change once
+        return self._last_check is None or self._clock() - self._last_check >= self.config.feature_check_s
+
+    def _publish_now(self, wanted: tuple[str, ...]) -> tuple[str, ...] | None:
+        """`scontrol show node` then, when ours are missing or stale, `scontrol update NodeName=.. Features=..`."""
+        current = self._slurm.node(self.node).available_features
+        self._last_check = self._clock()
+        merged = feat.merge_features(current, wanted, feat.is_static_feature)
+        if feat.same_features(merged, current):
+            self._published = wanted
+            return None
+        reason = "static features " + " ".join(f"+{f}" for f in sorted(set(merged) - set(current)))
+        removed = sorted(set(current) - set(merged))
+        reason += "".join(f" -{f}" for f in removed)
+        if self._dry_run:
+            LOG.info("dry-run: would update %s: %s", self.node, reason)
+        else:
+            self._slurm.update_node(self.node, features=merged)
+            LOG.info("agent: updated %s: %s", self.node, reason)
+            self._metrics.count_publication(self.node)
+        self._published = wanted
+        if self._store is not None:
+            self._store.record_publication(Publication(
+                ts=self._wall_clock(), node=self.node, features_before=current, features_after=merged,
+                weight_before=None, weight_after=None, reason=reason, dry_run=self._dry_run,
+            ))
+        return merged
+
+
+# --------------------------------------------------------------------------- wiring
+
+
+@dataclass(frozen=True)
+class AgentOptions:
+    """`slurm-aigc agent` options; None means "from the config file"."""
+
+    config_path: str | None = None
+    node: str | None = None
+    backend: str | None = None
+    simgpu_dir: str | None = None
+    db_url: str | None = None
+    interval_s: float | None = None
+    metrics_port: int | None = None
+    dry_run: bool = False
+
+
+def effective_config(options: AgentOptions) -> AgentConfig:
+    """The config file's `agent:` section with the command-line options laid over it."""
+    config = load_agent_config(options.config_path)
+    return replace(
+        config,
+        backend=options.backend or config.backend,
+        simgpu_dir=options.simgpu_dir or config.simgpu_dir,
+        interval_s=options.interval_s or config.interval_s,
+        metrics_port=options.metrics_port if options.metrics_port is not None else config.metrics_port,
+    )
+
+
+def build_agent(options: AgentOptions, config: AgentConfig, metrics: DaemonMetrics) -> Agent:
+    """The production agent: real backend, database, Slurm tools, /proc attribution."""
+    from slurm_aigc.db import open_database
+    from slurm_aigc.telemetry.attribution import Attributor, job_gpu_usage
+    from slurm_aigc.telemetry.simgpu import open_backend
+    from slurm_aigc.telemetry.topology import parse_topo_matrix
+
+    node = options.node or short_hostname()
+    slurm = SlurmCli()
+    backend = open_backend("sim" if config.backend == "sim" else "nvml", node, Path(config.simgpu_dir))
+    store = None if options.dry_run else TelemetryStore(open_database(options.db_url))
+    attributor = Attributor(slurm)
+
+    def allocations() -> Mapping[str, Sequence[int]]:
+        text = slurm.run("scontrol", ["-d", "show", "job", "-o"]).stdout
+        return {job: sorted(gpus) for job, gpus in node_gpu_allocations(text, node).items()}
+
+    return Agent(
+        node, backend, store, slurm, config,
+        attribute=attributor.jobs_of, split_uses=job_gpu_usage,
+        parse_islands=lambda text: parse_topo_matrix(text).nvlink_islands(),
+        allocations=allocations, dry_run=options.dry_run, metrics=metrics,
+    )
+
+
+def run_agent(options: AgentOptions, once: bool, report: Callable[[PollResult], None]) -> int:
+    """`slurm-aigc agent`: build, then loop until SIGTERM (or one tick with `once`)."""
+    config = effective_config(options)
+    metrics = open_metrics("agent", config.metrics_port)
+    agent = build_agent(options, config, metrics)
+
+    def tick() -> None:
+        result = agent.tick()
+        if once:
+            report(result)
+
+    def reload() -> None:
+        new = effective_config(options)  # raises ConfigError: the loop keeps the old config
+        agent.set_config(new)
+        loop.interval_s = new.interval_s
+
+    loop = DaemonLoop(tick, config.interval_s, reload, name=f"agent {agent.node}", on_tick=metrics.observe_tick)
+    try:
+        return loop.run(once=once)
+    finally:
+        agent.close()

@@ -1,0 +1,128 @@
+"""Slurm's GRES strings: what a node has, what is in use, which GPU indices a job holds.
+
+`scontrol -d show node` prints `Gres=gpu:a100:8(S:0-1),shard:a100:640` and
+`GresUsed=gpu:a100:2(IDX:0-1),shard:a100:8(8/80,0/80,...)`; `scontrol -d show job`
+prints per node `Nodes=a100-01 CPU_IDs=0-3 Mem=0 GRES=gpu:a100:2(IDX:0-1)`. Parsing is
+pure and tolerant: an entry it cannot read counts as nothing rather than failing a cycle.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+
+from ClusterShell.NodeSet import NodeSet, NodeSetParseError
+
+LOG = logging.getLogger(__name__)
+
+
+def split_gres(text: str) -> list[str]:
+    """`gpu:a100:2(IDX:0-1,4),shard:a100:8(8/80,0/80)` -> its entries (commas in parentheses kept)."""
+    entries, depth, start = [], 0, 0
+    for position, char in enumerate(text):
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth = max(depth - 1, 0)
+        elif char == "," and depth == 0:
+            entries.append(text[start:position])
+            start = position + 1
+    entries.append(text[start:])
+    return [entry.strip() for entry in entries if entry.strip() and entry.strip() != "(null)"]
+
+
+def _gres_parts(entry: str) -> tuple[str, int, str]:
+    """'gpu:a100:2(IDX:0-1)' -> ('gpu', 2, 'IDX:0-1'); a count that is not a number reads 0."""
+    head, _, rest = entry.partition("(")
+    detail = rest.rsplit(")", 1)[0] if rest else ""
+    parts = head.split(":")
+    count_text = parts[-1] if len(parts) > 1 else "1"
+    count_text = re.sub(r"[^0-9].*$", "", count_text)  # `gpu:8(S:0-1)` and `gpu:a100:8` alike
+    return parts[0], int(count_text) if count_text else 0, detail
+
+
+def parse_index_list(text: str) -> frozenset[int]:
+    """'0-1,4' -> {0, 1, 4}; 'N/A' or garbage -> {}."""
+    indices: set[int] = set()
+    for part in text.split(","):
+        low, _, high = part.strip().partition("-")
+        if low.isdigit() and (not high or high.isdigit()):
+            indices.update(range(int(low), int(high or low) + 1))
+    return frozenset(indices)
+
+
+def gres_gpu_total(gres: str) -> int:
+    """GPUs a node has, from `Gres=gpu:a100:8(S:0-1),shard:a100:640`."""
+    return sum(count for name, count, _ in map(_gres_parts, split_gres(gres)) if name == "gpu")
+
+
+def gres_busy_gpus(gres_used: str) -> tuple[int, frozenset[int]]:
+    """(GPUs allocated, known busy indices) from `GresUsed`.
+
+    A GPU is busy when it is allocated whole (`gpu:a100:2(IDX:0-1)`) or when any of its
+    shards is (`shard:a100:8(8/80,0/80,...)`, one used/total pair per GPU in index order):
+    Slurm gives a GPU as a gpu or as shards, never both at once.
+    """
+    whole, busy = 0, set[int]()
+    for name, count, detail in map(_gres_parts, split_gres(gres_used)):
+        if name == "gpu":
+            whole += count
+            if detail.startswith("IDX:"):
+                busy |= parse_index_list(detail[4:])
+        elif name == "shard" and detail:
+            busy |= {i for i, pair in enumerate(detail.split(",")) if pair.split("/")[0].strip() not in ("", "0")}
+    return max(whole, len(busy)), frozenset(busy)
+
+
+# One node's part of a job in `scontrol -d show job -o` (the line holds one per node range).
+_JOB_NODE_GRES_RE = re.compile(r"\bNodes=(\S+) CPU_IDs=\S* Mem=\S* GRES=(\S*)")
+
+
+def job_gres_by_nodes(job_line: str) -> list[tuple[str, frozenset[int]]]:
+    """(node list, GPU indices) per `Nodes=... GRES=gpu:a100:2(IDX:0-1)` of one job line.
+
+    GPUs held through shards count too (`GRES=shard:a100:10(IDX:0)` or per-GPU counts).
+    """
+    found = []
+    for match in _JOB_NODE_GRES_RE.finditer(job_line):
+        indices: set[int] = set()
+        for name, _count, detail in map(_gres_parts, split_gres(match.group(2))):
+            if name not in ("gpu", "shard"):
+                continue
+            if detail.startswith("IDX:"):
+                indices |= parse_index_list(detail[4:])
+            elif "/" in detail:
+                indices |= {i for i, pair in enumerate(detail.split(",")) if pair.split("/")[0].strip() not in ("", "0")}
+        found.append((match.group(1), frozenset(indices)))
+    return found
+
+
+def alloc_tres_gpus(alloc_tres: str) -> int:
+    """GPUs allocated on a node from `AllocTRES=cpu=4,gres/gpu=2,gres/gpu:a100=2` (0 when absent)."""
+    match = re.search(r"(?:^|,)gres/gpu=(\d+)", alloc_tres)
+    return int(match.group(1)) if match else 0
+
+
+def expand_nodes(node_list: str) -> list[str]:
+    """`a100-[01-02]` -> ['a100-01', 'a100-02']; an unparsable list -> [] (logged)."""
+    if not node_list or node_list in {"(null)", "None assigned"}:
+        return []
+    try:
+        return list(NodeSet(node_list))
+    except NodeSetParseError as error:
+        LOG.warning("cannot expand node list %r: %s", node_list, error)
+        return []
+
+
+def node_gpu_allocations(show_job_detail: str, node: str) -> Mapping[str, frozenset[int]]:
+    """Running jobs' GPU indices on `node`, from the text of `scontrol -d show job -o`."""
+    allocations: dict[str, frozenset[int]] = {}
+    for line in show_job_detail.splitlines():
+        if not line.startswith("JobId=") or " JobState=RUNNING " not in line:
+            continue
+        job_id = line.split(None, 1)[0].removeprefix("JobId=")
+        for nodes, indices in job_gres_by_nodes(line):
+            if indices and node in expand_nodes(nodes):
+                allocations[job_id] = allocations.get(job_id, frozenset()) | indices
+    return allocations

@@ -1,0 +1,302 @@
+"""`slurm-aigc gpu-load`: declare a simulated GPU load from inside a job.
+
+The process writes `<simgpu>/<node>/procs/<pid>.json` (see `simgpu`) with the load it
+puts on the GPUs Slurm gave its job, rewrites it when its profile changes phase, and
+removes it at exit. `SimGpuBackend` then reports that load, with this process's real pid,
+exactly where NVML would.
+
+A profile is a list of phases, each `(kind, seconds)`; the last phase lasts until the
+run ends, unless the profile repeats. `phase_at` is the pure core and is unit-tested.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+from slurm_aigc.errors import AigcError
+from slurm_aigc.telemetry.simgpu import (
+    GpuLoad,
+    ProcLoad,
+    proc_file,
+    process_start_ticks,
+    read_inventory,
+    write_proc_load,
+)
+
+LOG = logging.getLogger(__name__)
+
+MIB_PER_GIB = 1024.0
+
+
+class ProfileError(AigcError):
+    """A profile name, `--profile-spec` string or GPU list is not understood."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class PhaseLevel:
+    """What a phase kind does: SM util (None: the `--util` value), memory share, power factor."""
+
+    util_pct: float | None
+    mem_share: float  # of `--mem`
+    power_factor: float
+
+
+# Why these numbers: "loading" reads weights (memory full, little compute, cool);
+# "hung" is a spinning kernel or NCCL wait: 100 % util at near-idle power.
+PHASE_KINDS: Mapping[str, PhaseLevel] = {
+    "loading": PhaseLevel(3.0, 1.0, 0.3),
+    "busy": PhaseLevel(None, 1.0, 1.0),
+    "idle": PhaseLevel(0.0, 1.0, 1.0),
+    "hung": PhaseLevel(100.0, 1.0, 0.15),
+}
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One step of a profile: a kind and how long it lasts (None: until the end)."""
+
+    kind: str
+    seconds: float | None
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A named sequence of phases; `first_gpu_only` models a job using one of its GPUs."""
+
+    name: str
+    phases: tuple[Phase, ...]
+    repeat: bool = False
+    first_gpu_only: bool = False
+
+
+PROFILES: Mapping[str, Profile] = {
+    "loading": Profile("loading", (Phase("loading", None),)),
+    "busy": Profile("busy", (Phase("busy", None),)),
+    "idle": Profile("idle", (Phase("idle", None),)),
+    "bursty": Profile("bursty", (Phase("busy", 20.0), Phase("idle", 40.0)), repeat=True),
+    "hung": Profile("hung", (Phase("hung", None),)),
+    "idle-tail": Profile("idle-tail", (Phase("loading", 20.0), Phase("busy", 60.0), Phase("idle", None))),
+    "over-allocated": Profile("over-allocated", (Phase("busy", None),), first_gpu_only=True),
+}
+
+
+def parse_profile_spec(spec: str) -> Profile:
+    """`"loading:30,busy:120,idle:60"` -> Profile; a final `repeat` item cycles the phases."""
+    items = [item.strip() for item in spec.split(",") if item.strip()]
+    repeat = bool(items) and items[-1] == "repeat"
+    if repeat:
+        items = items[:-1]
+    if not items:
+        raise ProfileError(f"empty profile spec {spec!r}")
+    phases = []
+    for item in items:
+        kind, _, seconds = item.partition(":")
+        if kind not in PHASE_KINDS:
+            raise ProfileError(f"unknown phase {kind!r} in {spec!r} (use {', '.join(PHASE_KINDS)})")
+        try:
+            duration = float(seconds)
+        except ValueError:
+            raise ProfileError(f"phase {item!r} in {spec!r} needs seconds, e.g. {kind}:60") from None
+        if duration <= 0:
+            raise ProfileError(f"phase {item!r} in {spec!r} must last more than 0 s")
+        phases.append(Phase(kind, duration))
+    return Profile(spec, tuple(phases), repeat=repeat)
+
+
+def _phase_index(profile: Profile, t_seconds: float) -> tuple[int, float]:
+    """(index of the phase running at t, t at which it ends or inf)."""
+    total = sum(p.seconds or 0.0 for p in profile.phases)
+    if profile.repeat and total > 0:
+        cycle_start = (t_seconds // total) * total
+        local = t_seconds - cycle_start
+    else:
+        cycle_start, local = 0.0, t_seconds
+    start = 0.0
+    for index, phase in enumerate(profile.phases):
+        is_last = index == len(profile.phases) - 1
+        if phase.seconds is None or (is_last and not profile.repeat):
+            return index, float("inf")
+        if local < start + phase.seconds:
+            return index, cycle_start + start + phase.seconds
+        start += phase.seconds
+    return len(profile.phases) - 1, float("inf")
+
+
+def phase_at(profile: Profile, t_seconds: float, util_pct: float = 85.0, mem_gib: float = 10.0) -> tuple[float, float, float]:
+    """(SM util %, memory GiB per GPU, power factor) of `profile` at `t_seconds` after start."""
+    index, _ = _phase_index(profile, max(0.0, t_seconds))
+    level = PHASE_KINDS[profile.phases[index].kind]
+    util = util_pct if level.util_pct is None else level.util_pct
+    return util, mem_gib * level.mem_share, level.power_factor
+
+
+def next_change_s(profile: Profile, t_seconds: float) -> float:
+    """Time (since start) of the next phase boundary after `t_seconds`; inf when none."""
+    return _phase_index(profile, max(0.0, t_seconds))[1]
+
+
+# --------------------------------------------------------------------------- environment
+
+
+def job_gpu_indices(env: Mapping[str, str], uuid_to_index: Mapping[str, int] | None = None) -> list[int]:
+    """The GPUs Slurm gave this process, as NVML indices on the node.
+
+    `SLURM_STEP_GPUS` (srun steps) then `SLURM_JOB_GPUS` (batch step) hold the node's
+    indices even when cgroup `ConstrainDevices=yes` renumbers `CUDA_VISIBLE_DEVICES` from
+    0, so they win; `CUDA_VISIBLE_DEVICES` is the fallback (shard jobs get only that one).
+    UUID entries (`GPU-...`) are mapped through `uuid_to_index`.
+    """
+    for name in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"):
+        value = env.get(name, "").strip()
+        if value and value not in ("NoDevFiles", "-1"):
+            return _indices(value, name, uuid_to_index or {})
+    return []
+
+
+def _indices(value: str, name: str, uuid_to_index: Mapping[str, int]) -> list[int]:
+    indices = []
+    for token in (t.strip() for t in value.split(",") if t.strip()):
+        if token.isdigit():
+            indices.append(int(token))
+        elif token in uuid_to_index:
+            indices.append(uuid_to_index[token])
+        else:
+            raise ProfileError(f"{name}={value!r}: cannot map {token!r} to a GPU index")
+    return indices
+
+
+def node_name(env: Mapping[str, str]) -> str:
+    """`SLURMD_NODENAME` (set by slurmd in every job), else the short host name."""
+    return env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+# --------------------------------------------------------------------------- the run loop
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """Everything `run_load` needs, resolved from options and environment."""
+
+    node: str
+    gpus: tuple[int, ...]
+    profile: Profile
+    util_pct: float
+    mem_gib: float
+    power_factor: float  # multiplies each phase's own factor
+    seconds: float  # 0: until killed
+    job_id: str | None
+
+
+def make_plan(
+    env: Mapping[str, str],
+    simgpu_dir: Path,
+    profile: Profile,
+    util_pct: float,
+    mem_gib: float,
+    power_factor: float,
+    seconds: float,
+    gpus: tuple[int, ...] | None = None,
+) -> LoadPlan:
+    """Resolve node and GPUs from the job's environment (or the explicit `gpus`)."""
+    node = node_name(env)
+    if gpus is None:
+        gpus = tuple(job_gpu_indices(env, _uuid_map(simgpu_dir, node)))
+    if not gpus:
+        raise ProfileError("no GPUs: none of SLURM_STEP_GPUS, SLURM_JOB_GPUS, CUDA_VISIBLE_DEVICES is set (use --gpus)")
+    return LoadPlan(node, gpus, profile, util_pct, mem_gib, power_factor, seconds, env.get("SLURM_JOB_ID"))
+
+
+def _uuid_map(simgpu_dir: Path, node: str) -> dict[str, int]:
+    try:
+        _, gpus, _ = read_inventory(simgpu_dir, node)
+    except Exception:  # noqa: BLE001 - no inventory just means no UUID mapping
+        return {}
+    return {gpu.uuid: gpu.index for gpu in gpus}
+
+
+def load_at(plan: LoadPlan, pid: int, t_seconds: float, start_ticks: int | None) -> ProcLoad:
+    """The process file contents for `plan` at `t_seconds`."""
+    util, mem_gib, factor = phase_at(plan.profile, t_seconds, plan.util_pct, plan.mem_gib)
+    index, _ = _phase_index(plan.profile, t_seconds)
+    used = plan.gpus[:1] if plan.profile.first_gpu_only else plan.gpus
+    loads = tuple(GpuLoad(g, util, mem_gib * MIB_PER_GIB, factor * plan.power_factor) for g in used)
+    return ProcLoad(pid, loads, plan.profile.phases[index].kind, plan.job_id, start_ticks)
+
+
+class LoadRun:
+    """Runs a plan: writes the process file at each phase change, removes it at exit.
+
+    Signal handlers only set flags; the loop waits on an Event with the time to the next
+    phase change as timeout (SIGTERM/SIGINT end the run, SIGUSR1 logs and continues).
+    """
+
+    def __init__(
+        self,
+        plan: LoadPlan,
+        simgpu_dir: Path,
+        clock: Callable[[], float],
+        pid: int | None = None,
+        proc_root: Path = Path("/proc"),
+    ) -> None:
+        self.plan = plan
+        self.simgpu_dir = simgpu_dir
+        self.clock = clock
+        self.pid = os.getpid() if pid is None else pid
+        self.start_ticks = process_start_ticks(proc_root, self.pid)
+        self.stop = threading.Event()
+        self.checkpoints = 0
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM/SIGINT stop the run; SIGUSR1 is a checkpoint request (logged, run goes on)."""
+        signal.signal(signal.SIGTERM, self._on_stop)
+        signal.signal(signal.SIGINT, self._on_stop)
+        signal.signal(signal.SIGUSR1, self._on_checkpoint)
+
+    def _on_stop(self, signum: int, frame: FrameType | None) -> None:
+        LOG.info("gpu-load: signal %d, stopping", signum)
+        self.stop.set()
+
+    def _on_checkpoint(self, signum: int, frame: FrameType | None) -> None:
+        self.checkpoints += 1
+        LOG.warning("gpu-load: checkpoint requested (SIGUSR1); continuing")
+
+    def run(self) -> None:
+        """Until `seconds` pass (0: forever) or a stop signal; always removes the file."""
+        started = self.clock()
+        last: ProcLoad | None = None
+        try:
+            while not self.stop.is_set():
+                t = self.clock() - started
+                if self.plan.seconds > 0 and t >= self.plan.seconds:
+                    break
+                load = load_at(self.plan, self.pid, t, self.start_ticks)
+                if load != last:
+                    write_proc_load(self.simgpu_dir, self.plan.node, load)
+                    LOG.info("gpu-load: phase %s on GPUs %s", load.phase, [g.index for g in load.gpus])
+                    last = load
+                self.stop.wait(self._wait_s(t))
+        finally:
+            self._remove_file()
+
+    def _wait_s(self, t: float) -> float:
+        wake = next_change_s(self.plan.profile, t)
+        if self.plan.seconds > 0:
+            wake = min(wake, self.plan.seconds)
+        # A bounded wait keeps the loop responsive if the clock jumps; 60 s is plenty.
+        return max(0.01, min(wake - t, 60.0))
+
+    def _remove_file(self) -> None:
+        try:
+            proc_file(self.simgpu_dir, self.plan.node, self.pid).unlink()
+        except FileNotFoundError:
+            pass

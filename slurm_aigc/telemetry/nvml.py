@@ -1,0 +1,228 @@
+"""The NVML backend: the only module that talks to nvidia-ml-py (`pynvml`).
+
+Shaped after nvitop's `libnvml`: NVML is initialised lazily (on `start()` or the first
+`read()`) and shut down at exit; one query helper turns "not supported", "no permission"
+and "function not found" into `None` for that field only (a missing symbol is logged
+once); any other NVML error while reading a GPU turns that GPU's record into
+`lost=True` with the error, and the poll goes on with the next GPU. A missing library or
+driver is `NvmlUnavailableError` at start-up, never a per-poll error.
+
+The `pynvml` module is a constructor argument so tests drive this code with
+`slurm_aigc.telemetry.fakes.FakeNvml`, which raises the real `pynvml.NVMLError` classes.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import subprocess
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+from slurm_aigc.errors import NvmlUnavailableError
+from slurm_aigc.telemetry.records import (
+    GpuProcess,
+    GpuReading,
+    NodeReading,
+    NvLinkState,
+)
+
+LOG = logging.getLogger(__name__)
+
+MIB = 1024 * 1024
+_SMI_TIMEOUT_S = 30.0
+
+TextRunner = Callable[[Sequence[str]], str]
+
+
+def run_nvidia_smi(argv: Sequence[str]) -> str:
+    """Run `nvidia-smi ...` (argv, no shell) and return stdout; NvmlUnavailableError on failure."""
+    try:
+        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=_SMI_TIMEOUT_S, check=False)
+    except FileNotFoundError:
+        raise NvmlUnavailableError(f"{argv[0]} not found: is the NVIDIA driver installed?") from None
+    except subprocess.TimeoutExpired:
+        raise NvmlUnavailableError(f"{' '.join(argv)} timed out after {_SMI_TIMEOUT_S:.0f} s") from None
+    if done.returncode != 0:
+        message = (done.stderr or done.stdout).strip()[:300]
+        raise NvmlUnavailableError(f"{' '.join(argv)} exited {done.returncode}: {message}")
+    return done.stdout
+
+
+def _import_pynvml() -> Any:
+    try:
+        import pynvml
+    except ImportError:
+        raise NvmlUnavailableError("nvidia-ml-py (pynvml) is not installed") from None
+    return pynvml
+
+
+def _utc_now() -> datetime:
+    from slurm_aigc.telemetry.simgpu import utc_now
+
+    return utc_now()
+
+
+class NvmlBackend:
+    """`GpuBackend` over NVML (what `nvidia-smi --query-gpu=...` reads)."""
+
+    def __init__(
+        self,
+        node: str,
+        nvml: Any = None,
+        clock: Callable[[], datetime] = _utc_now,
+        smi: TextRunner = run_nvidia_smi,
+    ) -> None:
+        self.node = node
+        self._nvml = nvml
+        self._clock = clock
+        self._smi = smi
+        self._started = False
+        self._missing_logged: set[str] = set()
+        self._last_sample_us: dict[int, int] = {}
+
+    # -- life cycle
+
+    def start(self) -> None:
+        """`nvmlInit()`; NvmlUnavailableError when the library or driver is missing."""
+        if self._started:
+            return
+        if self._nvml is None:
+            self._nvml = _import_pynvml()
+        try:
+            self._nvml.nvmlInit()
+        except self._nvml.NVMLError as error:
+            raise NvmlUnavailableError(f"NVML could not start: {error} (is the NVIDIA driver loaded?)") from None
+        self._started = True
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        """`nvmlShutdown()` once; errors at shutdown are only logged."""
+        if not self._started:
+            return
+        self._started = False
+        try:
+            self._nvml.nvmlShutdown()
+        except self._nvml.NVMLError as error:
+            LOG.debug("nvmlShutdown: %s", error)
+
+    # -- polling
+
+    def read(self) -> NodeReading:
+        """One poll of every GPU; a GPU that fails mid-poll becomes a `lost` record."""
+        self.start()
+        driver = self._query("nvmlSystemGetDriverVersion")
+        count = self._nvml.nvmlDeviceGetCount()
+        gpus = tuple(self._read_gpu(index) for index in range(count))
+        return NodeReading(node=self.node, ts=self._clock(), driver_version=_text(driver), gpus=gpus)
+
+    def topology_text(self) -> str | None:
+        """`nvidia-smi topo -m` of this machine."""
+        return self._smi(["nvidia-smi", "topo", "-m"])
+
+    def _read_gpu(self, index: int) -> GpuReading:
+        fields: dict[str, Any] = {}
+        try:
+            handle = self._nvml.nvmlDeviceGetHandleByIndex(index)
+            self._read_fields(handle, index, fields)
+        except self._nvml.NVMLError as error:
+            LOG.warning("GPU %d failed mid-poll: %s", index, error)
+            kept = {k: v for k, v in fields.items() if k in ("uuid", "name")}
+            return GpuReading(index=index, lost=True, error=f"{error} (NVML error {error.value})", **kept)
+        return GpuReading(index=index, **fields)
+
+    def _read_fields(self, handle: Any, index: int, fields: dict[str, Any]) -> None:
+        nvml = self._nvml
+        fields["uuid"] = _text(self._query("nvmlDeviceGetUUID", handle))
+        fields["name"] = _text(self._query("nvmlDeviceGetName", handle))
+        memory = self._query("nvmlDeviceGetMemoryInfo", handle)
+        fields["memory_total_mib"] = None if memory is None else memory.total / MIB
+        fields["memory_used_mib"] = None if memory is None else memory.used / MIB
+        rates = self._query("nvmlDeviceGetUtilizationRates", handle)
+        fields["sm_util_pct"] = None if rates is None else float(rates.gpu)
+        fields["mem_bw_util_pct"] = None if rates is None else float(rates.memory)
+        fields["power_draw_w"] = _milli(self._query("nvmlDeviceGetPowerUsage", handle))
+        fields["power_limit_w"] = _milli(self._query("nvmlDeviceGetEnforcedPowerLimit", handle))
+        temperature = self._query("nvmlDeviceGetTemperature", handle, nvml.NVML_TEMPERATURE_GPU)
+        fields["temperature_c"] = None if temperature is None else float(temperature)
+        fields["processes"] = self._processes(handle, index)
+        fields["nvlink"] = self._nvlinks(handle)
+
+    def _processes(self, handle: Any, index: int) -> tuple[GpuProcess, ...]:
+        """`nvidia-smi --query-compute-apps=pid,used_memory` plus per-process SM util (`pmon`)."""
+        running = self._query("nvmlDeviceGetComputeRunningProcesses", handle) or []
+        sm_util = self._process_sm_util(handle, index)
+        return tuple(
+            GpuProcess(
+                pid=int(p.pid),
+                used_memory_mib=None if p.usedGpuMemory is None else p.usedGpuMemory / MIB,
+                sm_util_pct=sm_util.get(int(p.pid)),
+            )
+            for p in running
+        )
+
+    def _process_sm_util(self, handle: Any, index: int) -> dict[int, float]:
+        # Samples since the previous poll; NOT_FOUND means "no sample in that window".
+        since_us = self._last_sample_us.get(index, 0)
+        try:
+            samples = self._query("nvmlDeviceGetProcessUtilization", handle, since_us) or []
+        except self._nvml.NVMLError as error:
+            if error.value == self._nvml.NVML_ERROR_NOT_FOUND:
+                return {}
+            raise
+        latest: dict[int, tuple[int, float]] = {}
+        for sample in samples:
+            if sample.pid not in latest or sample.timeStamp >= latest[sample.pid][0]:
+                latest[int(sample.pid)] = (int(sample.timeStamp), float(sample.smUtil))
+        if latest:
+            self._last_sample_us[index] = max(ts for ts, _ in latest.values())
+        return {pid: util for pid, (_, util) in latest.items()}
+
+    def _nvlinks(self, handle: Any) -> tuple[NvLinkState, ...]:
+        """`nvidia-smi nvlink --status`: links 0.. until the first unsupported one."""
+        nvml = self._nvml
+        states = []
+        for link in range(nvml.NVML_NVLINK_MAX_LINKS):
+            try:
+                state = self._query("nvmlDeviceGetNvLinkState", handle, link)
+            except nvml.NVMLError as error:
+                if error.value == nvml.NVML_ERROR_INVALID_ARGUMENT:
+                    break  # past this GPU's last link on some drivers
+                raise
+            if state is None:
+                break
+            states.append(NvLinkState(link, state == nvml.NVML_FEATURE_ENABLED))
+        return tuple(states)
+
+    def _query(self, name: str, *args: Any) -> Any:
+        """Call `pynvml.<name>(*args)`; None when unsupported, not permitted or missing."""
+        nvml = self._nvml
+        function = getattr(nvml, name, None)
+        if function is None:
+            self._log_missing(name, "not in this nvidia-ml-py")
+            return None
+        try:
+            return function(*args)
+        except nvml.NVMLError as error:
+            if error.value == nvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+                self._log_missing(name, "not in this driver's libnvidia-ml")
+                return None
+            if error.value in (nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_NO_PERMISSION):
+                return None
+            raise
+
+    def _log_missing(self, name: str, why: str) -> None:
+        if name not in self._missing_logged:
+            self._missing_logged.add(name)
+            LOG.warning("NVML function %s is %s; its field reads as not available", name, why)
+
+
+def _milli(value: Any) -> float | None:
+    return None if value is None else float(value) / 1000.0
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)

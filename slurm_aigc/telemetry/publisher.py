@@ -1,0 +1,333 @@
+"""The feature/weight publisher: tells Slurm how busy, how fragmented and what is served where.
+
+Each cycle (`Publisher.tick`, run by `slurm-aigc controller`):
+
+1. read the nodes (`scontrol show node -o`), the jobs (`scontrol show job -o`) and the mean
+   GPU utilization of every node over the recent samples (database);
+2. compute per node, in a pure core (`plan_cycle`), a Slurm `Weight` from the scoring
+   plugins and the dynamic features `nvfree<k>` and `model_<id>` (names in `features.py`);
+3. write a node through `scontrol update` only when its feature set differs or its weight
+   moved by at least the hysteresis band, and always when Slurm lost what we wrote (after
+   `scontrol reconfigure` or a slurmctld restart, Slurm forgets `scontrol update`);
+4. record each change in `node_publications`. In dry-run nothing is written to Slurm: the
+   change is logged and recorded with `dry_run` set, and remembered so it is logged once.
+
+Features are merged into what Slurm reports just before the write, so an admin's own
+features and the agent's static ones are never dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from slurm_aigc.slurm import (
+    JobInfo,
+    NodeInfo,
+    SlurmCli,
+    node_from_fields,
+    parse_key_values,
+)
+from slurm_aigc.telemetry import features as feat
+from slurm_aigc.telemetry.config import ScoringConfig
+from slurm_aigc.telemetry.gres import (
+    alloc_tres_gpus,
+    expand_nodes,
+    gres_busy_gpus,
+    gres_gpu_total,
+)
+from slurm_aigc.telemetry.scoring import (
+    IslandUse,
+    NodeView,
+    combined_score,
+    slurm_weight,
+)
+from slurm_aigc.telemetry.store import Publication, TelemetryStore
+
+LOG = logging.getLogger(__name__)
+
+# Islands of a node as GPU index lists, when something better than the features is known.
+IslandSource = Callable[[str], "Sequence[Sequence[int]] | None"]
+
+_TAG_RE = re.compile(r"aigc:(\S+)")
+_CLASS_RE = re.compile(r"\baigc_class=([A-Za-z0-9_.\-]+)")
+_PAIR_SPLIT_RE = re.compile(r"[,;|]")
+_NVLINK_SIZE_RE = re.compile(r"^nvlink(\d+)$")
+_RUNNING_STATES = frozenset({"RUNNING"})
+
+
+# --------------------------------------------------------------------------- job comments
+
+
+def parse_comment_tags(comment: str) -> dict[str, str]:
+    """`... aigc:class=infer,model=llama3-8b ...` -> {'class': 'infer', 'model': 'llama3-8b'}.
+
+    Only `key=value` pairs inside an `aigc:` tag count (plus a separate `aigc_class=X`);
+    everything else in the comment, however malformed, is ignored.
+    """
+    tags: dict[str, str] = {}
+    for match in _TAG_RE.finditer(comment or ""):
+        for pair in _PAIR_SPLIT_RE.split(match.group(1)):
+            key, sep, value = pair.partition("=")
+            if sep and key.strip() and value.strip():
+                tags.setdefault(key.strip().lower(), value.strip())
+    class_match = _CLASS_RE.search(comment or "")
+    if class_match:
+        tags.setdefault("class", class_match.group(1))
+    return tags
+
+
+def served_model(job: JobInfo, serving_classes: Iterable[str]) -> str | None:
+    """The model a running job serves: its `model=` tag, unless its class is not a serving one."""
+    tags = parse_comment_tags(job.comment)
+    model = tags.get("model")
+    if not model:
+        return None
+    job_class = tags.get("class")
+    if job_class is not None and job_class not in set(serving_classes):
+        return None
+    return model
+
+
+def models_by_node(jobs: Iterable[JobInfo], serving_classes: Sequence[str]) -> dict[str, frozenset[str]]:
+    """Model features per node from the running jobs' comment tags."""
+    found: dict[str, set[str]] = {}
+    for job in jobs:
+        if job.state not in _RUNNING_STATES:
+            continue
+        model = served_model(job, serving_classes)
+        name = feat.model_feature(model) if model else None
+        if name is None:
+            continue
+        for node in expand_nodes(job.node_list):
+            found.setdefault(node, set()).add(name)
+    return {node: frozenset(names) for node, names in found.items()}
+
+
+# --------------------------------------------------------------------------- views
+
+
+def islands_from_features(gpus_total: int, features: Sequence[str]) -> list[list[int]]:
+    """NVLink islands implied by the agent's `nvlink<N>` feature.
+
+    Without a better source we assume islands of N consecutive indices (how NVSwitch
+    boards, NV4 quads and NVLink-bridge pairs are numbered); no feature: all singletons.
+    """
+    sizes = [int(m.group(1)) for f in features if (m := _NVLINK_SIZE_RE.match(f))]
+    size = max(sizes, default=1)
+    size = max(1, min(size, gpus_total)) if gpus_total else 1
+    return [list(range(start, min(start + size, gpus_total))) for start in range(0, gpus_total, size)]
+
+
+def island_use(islands: Sequence[Sequence[int]], busy: frozenset[int], busy_count: int) -> tuple[IslandUse, ...]:
+    """Which GPUs of each island are free; busy GPUs without known indices fill the last islands."""
+    unknown = max(busy_count - len(busy), 0)
+    result = []
+    for island in reversed(islands):
+        free = [i for i in island if i not in busy]
+        taken = min(unknown, len(free))
+        unknown -= taken
+        result.append(IslandUse(tuple(island), tuple(free[: len(free) - taken])))
+    return tuple(reversed(result))
+
+
+def node_view(node: NodeInfo, mean_util_pct: float | None, models: frozenset[str],
+              islands: Sequence[Sequence[int]] | None = None) -> NodeView:
+    """Everything the scorers see of one node."""
+    total = gres_gpu_total(node.gres)
+    busy_count, busy = gres_busy_gpus(node.gres_used)
+    if not node.gres_used:  # GresUsed is printed only by `scontrol -d`: fall back to counts
+        busy_count = alloc_tres_gpus(node.fields.get("AllocTRES", ""))
+    layout = islands if islands is not None else islands_from_features(total, node.available_features)
+    return NodeView(
+        name=node.name, gpus_total=total, gpus_alloc=min(busy_count, total),
+        islands=island_use(layout, busy, busy_count), mean_util_pct=mean_util_pct, models_serving=models,
+    )
+
+
+def dynamic_features(view: NodeView, config: ScoringConfig) -> tuple[str, ...]:
+    """The publisher's features for a node: nvfree ladder and model_<id>."""
+    names: list[str] = []
+    if config.publish_nvfree:
+        names += feat.nvfree_features(view.free_nvlink_set)
+    if config.publish_models:
+        names += sorted(view.models_serving)
+    return tuple(names)
+
+
+# --------------------------------------------------------------------------- planning
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """What to write to one node; a None `*_after` leaves that attribute alone."""
+
+    node: str
+    features_before: tuple[str, ...]
+    features_after: tuple[str, ...] | None
+    weight_before: int
+    weight_after: int | None
+    reason: str
+    dynamic: tuple[str, ...] = field(default=())
+
+    @property
+    def changes(self) -> bool:
+        return self.features_after is not None or self.weight_after is not None
+
+
+def plan_node(node: NodeInfo, view: NodeView, last_weight: int | None, config: ScoringConfig) -> NodePlan | None:
+    """Decide what, if anything, to write to `node`."""
+    reasons: list[str] = []
+    dynamic = dynamic_features(view, config)
+    current = node.available_features
+    merged = feat.merge_features(current, dynamic, feat.is_dynamic_feature)
+    features_after = None if feat.same_features(merged, current) else merged
+    if features_after is not None:
+        reasons.append(_feature_diff(current, merged))
+    score = combined_score(view, config.policy_weights())
+    desired = slurm_weight(score, config.weight_min, config.weight_max)
+    weight_after = _weight_to_write(node.weight, desired, last_weight, config.hysteresis)
+    if weight_after is not None:
+        lost = last_weight is not None and node.weight != last_weight
+        why = f"Slurm shows {node.weight}, we wrote {last_weight}: re-assert" if lost else f"score {score:.1f}"
+        reasons.append(f"weight {node.weight}->{weight_after} ({why})")
+    if features_after is None and weight_after is None:
+        return None
+    return NodePlan(node.name, current, features_after, node.weight, weight_after, "; ".join(reasons), dynamic)
+
+
+def _weight_to_write(current: int, desired: int, last_written: int | None, hysteresis: int) -> int | None:
+    if last_written is not None and current != last_written:
+        return desired  # Slurm forgot our weight (reconfigure/restart) or someone changed it
+    if desired == current:
+        return None
+    if last_written is None or abs(desired - current) >= hysteresis:
+        return desired
+    return None
+
+
+def _feature_diff(before: Sequence[str], after: Sequence[str]) -> str:
+    added = sorted(set(after) - set(before))
+    removed = sorted(set(before) - set(after))
+    parts = [f"+{f}" for f in added] + [f"-{f}" for f in removed]
+    return "features " + " ".join(parts)
+
+
+def plan_cycle(
+    nodes: Sequence[NodeInfo],
+    jobs: Sequence[JobInfo],
+    utils: Mapping[str, float],
+    last_weights: Mapping[str, int],
+    config: ScoringConfig,
+    islands_of: IslandSource | None = None,
+) -> list[NodePlan]:
+    """The pure core of one publisher cycle: every GPU node's plan, unchanged nodes left out."""
+    models = models_by_node(jobs, config.serving_classes)
+    plans = []
+    for node in nodes:
+        islands = islands_of(node.name) if islands_of else None
+        view = node_view(node, utils.get(node.name), models.get(node.name, frozenset()), islands)
+        if view.gpus_total <= 0:
+            continue  # not a GPU node: its weight and features are none of our business
+        plan = plan_node(node, view, last_weights.get(node.name), config)
+        if plan is not None:
+            plans.append(plan)
+    return plans
+
+
+# --------------------------------------------------------------------------- the daemon part
+
+
+def detailed_nodes(slurm: SlurmCli) -> list[NodeInfo]:
+    """`scontrol -d show node -o`: `SlurmCli.nodes()` plus `GresUsed`, which only `-d` prints."""
+    text = slurm.run("scontrol", ["-d", "show", "node", "-o"]).stdout
+    return [node_from_fields(parse_key_values(line)) for line in text.splitlines() if line.startswith("NodeName=")]
+
+
+class Publisher:
+    """Runs `plan_cycle` against Slurm and the database; `tick()` is one cycle."""
+
+    def __init__(
+        self,
+        slurm: SlurmCli,
+        store: TelemetryStore,
+        config: ScoringConfig,
+        *,
+        dry_run: bool = False,
+        clock: Callable[[], float] = time.time,
+        islands_of: IslandSource | None = None,
+    ) -> None:
+        self._slurm = slurm
+        self._store = store
+        self.config = config
+        self._dry_run = dry_run
+        self._clock = clock
+        self._islands_of = islands_of
+        self._last_weights: dict[str, int] | None = None
+        # Dry-run only: the dynamic features and weight we would have written per node, laid
+        # over Slurm's view so that each would-be change is logged once.
+        self._simulated: dict[str, tuple[tuple[str, ...] | None, int | None]] = {}
+
+    def set_config(self, config: ScoringConfig) -> None:
+        """Use a new (already validated) scoring config from the next cycle on (SIGHUP)."""
+        self.config = config
+
+    def tick(self) -> list[NodePlan]:
+        """One cycle; returns the plans it applied (or, in dry-run, would have applied)."""
+        if self._last_weights is None:
+            self._last_weights = {} if self._dry_run else self._store.last_published_weights()
+        now = self._clock()
+        nodes = [self._overlay(node) for node in detailed_nodes(self._slurm)]
+        jobs = self._slurm.jobs()
+        utils = self._store.mean_util_by_node(now - self.config.window_s)
+        plans = plan_cycle(nodes, jobs, utils, self._last_weights, self.config, self._islands_of)
+        applied = [self._apply(plan, now) for plan in plans]
+        return [plan for plan in applied if plan is not None]
+
+    def _apply(self, plan: NodePlan, now: float) -> NodePlan | None:
+        if self._dry_run:
+            LOG.info("dry-run: would update %s: %s", plan.node, plan.reason)
+            self._remember_simulated(plan)
+        else:
+            plan = self._refresh(plan)
+            if not plan.changes:
+                return None
+            self._slurm.update_node(plan.node, features=plan.features_after, weight=plan.weight_after)
+            LOG.info("updated %s: %s", plan.node, plan.reason)
+        if plan.weight_after is not None:
+            assert self._last_weights is not None
+            self._last_weights[plan.node] = plan.weight_after
+        self._store.record_publication(Publication(
+            ts=now, node=plan.node, features_before=plan.features_before, features_after=plan.features_after,
+            weight_before=plan.weight_before, weight_after=plan.weight_after, reason=plan.reason,
+            dry_run=self._dry_run,
+        ))
+        return plan
+
+    def _refresh(self, plan: NodePlan) -> NodePlan:
+        """Merge into the node's features as Slurm has them now (the agent may have just written)."""
+        if plan.features_after is None:
+            return plan
+        current = self._slurm.node(plan.node).available_features
+        merged = feat.merge_features(current, plan.dynamic, feat.is_dynamic_feature)
+        features_after = None if feat.same_features(merged, current) else merged
+        return replace(plan, features_before=current, features_after=features_after)
+
+    def _remember_simulated(self, plan: NodePlan) -> None:
+        dynamic, weight = self._simulated.get(plan.node, (None, None))
+        if plan.features_after is not None:
+            dynamic = plan.dynamic
+        if plan.weight_after is not None:
+            weight = plan.weight_after
+        self._simulated[plan.node] = (dynamic, weight)
+
+    def _overlay(self, node: NodeInfo) -> NodeInfo:
+        """Dry-run: Slurm's view of `node` as if our earlier (not made) writes had happened."""
+        dynamic, weight = self._simulated.get(node.name, (None, None))
+        if dynamic is not None:
+            merged = feat.merge_features(node.available_features, dynamic, feat.is_dynamic_feature)
+            node = replace(node, available_features=merged, active_features=merged)
+        return node if weight is None else replace(node, weight=weight)

@@ -1,0 +1,153 @@
+"""Telemetry rows in the state database (tables defined in `slurm_aigc/db.py`).
+
+The agent writes one transaction per poll: every GPU (`gpu_samples`), every compute
+process with its job (`process_samples`) and every job's use of every GPU
+(`job_gpu_samples`). The publisher reads node utilization back and records each change
+it makes to Slurm (`node_publications`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from slurm_aigc.db import (
+    GpuSample,
+    JobGpuSample,
+    NodePublication,
+    ProcessSample,
+    transaction,
+)
+from slurm_aigc.telemetry.records import GpuReading, NodeReading
+
+
+class JobGpuUse(Protocol):
+    """A job's share of one GPU at one poll (`attribution.JobGpuUsage`)."""
+
+    @property
+    def job_id(self) -> str: ...
+    @property
+    def gpu_index(self) -> int: ...
+    @property
+    def sm_util_pct(self) -> float | None: ...
+    @property
+    def memory_used_mib(self) -> float | None: ...
+    @property
+    def shared(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Publication:
+    """One change the publisher or the agent made (or, in dry-run, would make) to a node."""
+
+    ts: float
+    node: str
+    features_before: tuple[str, ...] | None
+    features_after: tuple[str, ...] | None
+    weight_before: int | None
+    weight_after: int | None
+    reason: str
+    dry_run: bool
+
+
+class TelemetryStore:
+    """Reads and writes of the telemetry tables; one transaction per call."""
+
+    def __init__(self, factory: sessionmaker[Session]) -> None:
+        self._factory = factory
+
+    def write_poll(self, reading: NodeReading, pid_jobs: Mapping[int, str | None], uses: Sequence[JobGpuUse]) -> int:
+        """Store one poll of one node; returns the number of rows written."""
+        ts = reading.ts.timestamp()
+        rows: list[object] = [_gpu_row(ts, reading.node, gpu) for gpu in reading.gpus]
+        rows += [
+            ProcessSample(ts=ts, node=reading.node, gpu_index=gpu.index, pid=proc.pid, job_id=pid_jobs.get(proc.pid),
+                          used_memory_mib=proc.used_memory_mib, sm_util_pct=proc.sm_util_pct)
+            for gpu in reading.gpus for proc in gpu.processes
+        ]
+        rows += [_job_row(ts, reading, use) for use in uses]
+        with transaction(self._factory) as session:
+            session.add_all(rows)
+        return len(rows)
+
+    def mean_util_by_node(self, since_ts: float) -> dict[str, float]:
+        """Mean SM utilization per node over the GPU samples since `since_ts` (lost GPUs and nulls skipped)."""
+        query = (
+            select(GpuSample.node, func.avg(GpuSample.sm_util_pct))
+            .where(GpuSample.ts >= since_ts, GpuSample.lost.is_(False), GpuSample.sm_util_pct.is_not(None))
+            .group_by(GpuSample.node)
+        )
+        with transaction(self._factory) as session:
+            return {node: float(mean) for node, mean in session.execute(query) if mean is not None}
+
+    def record_publication(self, publication: Publication) -> None:
+        """Append one row to `node_publications`."""
+        with transaction(self._factory) as session:
+            session.add(NodePublication(
+                ts=publication.ts, node=publication.node,
+                features_before=_join(publication.features_before), features_after=_join(publication.features_after),
+                weight_before=publication.weight_before, weight_after=publication.weight_after,
+                reason=publication.reason, dry_run=publication.dry_run,
+            ))
+
+    def publications(self, node: str | None = None) -> list[Publication]:
+        """Every recorded change, oldest first (of one node when given)."""
+        query = select(NodePublication).order_by(NodePublication.ts, NodePublication.id)
+        if node is not None:
+            query = query.where(NodePublication.node == node)
+        with transaction(self._factory) as session:
+            return [_publication(row) for row in session.scalars(query)]
+
+    def last_published_weights(self) -> dict[str, int]:
+        """The weight last written (not dry-run) to each node: seeds the publisher after a restart."""
+        weights: dict[str, int] = {}
+        query = (
+            select(NodePublication.node, NodePublication.weight_after)
+            .where(NodePublication.dry_run.is_(False), NodePublication.weight_after.is_not(None))
+            .order_by(NodePublication.ts, NodePublication.id)
+        )
+        with transaction(self._factory) as session:
+            for node, weight in session.execute(query):
+                if weight is not None:
+                    weights[node] = int(weight)
+        return weights
+
+
+def _gpu_row(ts: float, node: str, gpu: GpuReading) -> GpuSample:
+    return GpuSample(
+        ts=ts, node=node, gpu_index=gpu.index, uuid=gpu.uuid, name=gpu.name, lost=gpu.lost,
+        memory_total_mib=gpu.memory_total_mib, memory_used_mib=gpu.memory_used_mib,
+        sm_util_pct=gpu.sm_util_pct, mem_bw_util_pct=gpu.mem_bw_util_pct,
+        power_draw_w=gpu.power_draw_w, power_limit_w=gpu.power_limit_w, temperature_c=gpu.temperature_c,
+    )
+
+
+def _job_row(ts: float, reading: NodeReading, use: JobGpuUse) -> JobGpuSample:
+    # Memory total and power are the GPU's: power cannot be split between jobs, and the
+    # idle detectors read "busy yet cool" from the whole GPU.
+    gpu = reading.gpu(use.gpu_index)
+    return JobGpuSample(
+        ts=ts, node=reading.node, job_id=use.job_id, gpu_index=use.gpu_index,
+        sm_util_pct=use.sm_util_pct, memory_used_mib=use.memory_used_mib,
+        memory_total_mib=gpu.memory_total_mib if gpu else None, power_draw_w=gpu.power_draw_w if gpu else None,
+        power_limit_w=gpu.power_limit_w if gpu else None, shared=use.shared,
+    )
+
+
+def _join(features: tuple[str, ...] | None) -> str | None:
+    return None if features is None else ",".join(features)
+
+
+def _split(text: str | None) -> tuple[str, ...] | None:
+    return None if text is None else tuple(f for f in text.split(",") if f)
+
+
+def _publication(row: NodePublication) -> Publication:
+    return Publication(
+        ts=row.ts, node=row.node, features_before=_split(row.features_before), features_after=_split(row.features_after),
+        weight_before=row.weight_before, weight_after=row.weight_after, reason=row.reason, dry_run=row.dry_run,
+    )

@@ -1,0 +1,155 @@
+"""Planning the next step: ladders, exemptions, applicability, caps and cool-down."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from slurm_aigc.reclaim.config import ClassPolicy, Exemptions, ReclaimConfig
+from slurm_aigc.reclaim.detect import Verdict
+from slurm_aigc.reclaim.ladder import (
+    JobFacts,
+    PastAction,
+    PlannedAction,
+    Wait,
+    job_class_of,
+    limit_per_tick,
+    observation_key,
+    opted_out,
+    parse_job_tags,
+    plan_job,
+)
+
+NOW = 10_000.0
+CONFIG = ReclaimConfig(dry_run=False, cooldown_s=60.0, max_actions_per_job=4)
+FACTS = JobFacts("7", "aigc-alice", "aigc", "normal", "train", batch=True, requeue_allowed=True,
+                 restarts=0, num_nodes=1, gpus=4, remaining_s=7200.0)
+
+
+def verdict(kind: str | None, used: int | None = None) -> Verdict:
+    return Verdict("7", "train", kind, "because", NOW, 60.0, NOW - 60.0, 4, used, ())
+
+
+def done(plan: PlannedAction, ts: float) -> PastAction:
+    return PastAction(plan.observation_key, plan.job_id, plan.verdict, plan.action, "done", plan.dry_run, ts, ts)
+
+
+def test_no_verdict_no_action() -> None:
+    assert plan_job(verdict(None), FACTS, (), CONFIG, NOW) == Wait("7", "because")
+
+
+def test_ladder_notify_then_requeue_after_cooldown() -> None:
+    first = plan_job(verdict("idle"), FACTS, (), CONFIG, NOW)
+    assert isinstance(first, PlannedAction)
+    assert (first.action, first.step, first.observation_key) == ("notify", 0, "7/r0/idle/0:notify")
+    assert "next step requeue" in first.message
+    history = [done(first, NOW)]
+    waiting = plan_job(verdict("idle"), FACTS, history, CONFIG, NOW + 59.0)
+    assert isinstance(waiting, Wait) and waiting.next_action == "requeue" and waiting.not_before_ts == NOW + 60.0
+    second = plan_job(verdict("idle"), FACTS, history, CONFIG, NOW + 60.0)
+    assert isinstance(second, PlannedAction)
+    assert (second.action, second.observation_key, second.gpus_after) == ("requeue", "7/r0/idle/1:requeue", 0)
+    assert second.gpu_hours_recovered == 8.0
+    finished = plan_job(verdict("idle"), FACTS, history + [done(second, NOW + 60.0)], CONFIG, NOW + 600.0)
+    assert isinstance(finished, Wait) and "ladder finished" in finished.reason
+
+
+def test_new_run_after_requeue_starts_the_ladder_again() -> None:
+    history = [PastAction("7/r0/idle/0:notify", "7", "idle", "notify", "done", False, NOW - 500, NOW - 500),
+               PastAction("7/r0/idle/1:requeue", "7", "idle", "requeue", "done", False, NOW - 400, NOW - 400)]
+    plan = plan_job(verdict("idle"), replace(FACTS, restarts=1), history, CONFIG, NOW)
+    assert isinstance(plan, PlannedAction) and plan.observation_key == "7/r1/idle/0:notify"
+
+
+def test_per_job_cap() -> None:
+    history = [PastAction(f"7/r{r}/idle/{s}:x", "7", "idle", "x", "done", False, 0.0, 0.0) for r in range(2) for s in range(2)]
+    plan = plan_job(verdict("idle"), replace(FACTS, restarts=2), history, CONFIG, NOW)
+    assert isinstance(plan, Wait) and "per-job cap of 4" in plan.reason
+
+
+def test_unreconciled_intent_blocks_the_job() -> None:
+    history = [PastAction("7/r0/idle/1:requeue", "7", "idle", "requeue", "intent", False, NOW - 500, None)]
+    plan = plan_job(verdict("idle"), FACTS, history, CONFIG, NOW)
+    assert isinstance(plan, Wait) and "no outcome" in plan.reason
+
+
+def test_no_requeue_job_is_only_notified() -> None:
+    facts = replace(FACTS, requeue_allowed=False)
+    first = plan_job(verdict("idle"), facts, (), CONFIG, NOW)
+    assert isinstance(first, PlannedAction) and first.action == "notify"
+    assert "next step" not in first.message
+    after = plan_job(verdict("idle"), facts, [done(first, NOW)], CONFIG, NOW + 1000)
+    assert isinstance(after, Wait) and "ladder finished" in after.reason
+
+
+def test_non_batch_job_is_never_signalled_or_requeued() -> None:
+    config = replace(CONFIG, defaults=replace(CONFIG.defaults, ladder={"fake_busy": ("signal", "requeue")}))
+    plan = plan_job(verdict("fake_busy"), replace(FACTS, batch=False), (), config, NOW)
+    assert isinstance(plan, Wait) and "ladder finished" in plan.reason
+
+
+def test_exemptions() -> None:
+    config = replace(CONFIG, exempt=Exemptions(classes=frozenset({"interactive"}), accounts=frozenset({"vip"}),
+                                               qos=frozenset({"urgent"}), users=frozenset({"boss"})))
+    for facts, why in [
+        (replace(FACTS, job_class="interactive"), "class interactive"),
+        (replace(FACTS, account="vip"), "account vip"),
+        (replace(FACTS, qos="urgent"), "QOS urgent"),
+        (replace(FACTS, user="boss"), "user boss"),
+        (replace(FACTS, opt_out=True), "opted out"),
+    ]:
+        plan = plan_job(verdict("idle"), facts, (), config, NOW)
+        assert isinstance(plan, Wait) and why in plan.reason
+
+
+def test_policy_may_deny_the_opt_out() -> None:
+    plan = plan_job(verdict("idle"), replace(FACTS, opt_out=True), (), replace(CONFIG, opt_out="deny"), NOW)
+    assert isinstance(plan, PlannedAction)
+
+
+def test_shrink_to_used_gpus_single_node_only() -> None:
+    notify = plan_job(verdict("over_allocated", used=1), FACTS, (), CONFIG, NOW)
+    assert isinstance(notify, PlannedAction)
+    shrink = plan_job(verdict("over_allocated", used=1), FACTS, [done(notify, NOW - 100)], CONFIG, NOW)
+    assert isinstance(shrink, PlannedAction)
+    assert (shrink.action, shrink.gpus_before, shrink.gpus_after) == ("shrink", 4, 1)
+    multi = plan_job(verdict("over_allocated", used=1), replace(FACTS, num_nodes=2), [done(notify, NOW - 100)], CONFIG, NOW)
+    assert isinstance(multi, Wait)
+
+
+def test_dry_run_uses_its_own_keys_and_history() -> None:
+    live_notify = PastAction("7/r0/idle/0:notify", "7", "idle", "notify", "done", False, NOW - 500, NOW - 500)
+    plan = plan_job(verdict("idle"), FACTS, [live_notify], CONFIG, NOW, dry_run=True)
+    assert isinstance(plan, PlannedAction)
+    assert (plan.observation_key, plan.dry_run) == ("dry:7/r0/idle/0:notify", True)
+
+
+def test_inapplicable_step_keeps_its_index_in_the_key() -> None:
+    config = replace(CONFIG, defaults=replace(CONFIG.defaults, ladder={"idle": ("signal", "notify")}))
+    plan = plan_job(verdict("idle"), replace(FACTS, batch=False), (), config, NOW)
+    assert isinstance(plan, PlannedAction) and plan.observation_key == observation_key("7", 0, "idle", 1, "notify", False)
+
+
+def test_class_ladder_is_used() -> None:
+    config = replace(CONFIG, classes={"infer": ClassPolicy(ladder={"memory_held": ("notify",)})})
+    first = plan_job(verdict("memory_held"), replace(FACTS, job_class="infer"), (), config, NOW)
+    assert isinstance(first, PlannedAction) and "next step" not in first.message
+
+
+def test_per_tick_cap_keeps_escalations_first() -> None:
+    plans = []
+    for job, step in [("1", 0), ("2", 1), ("3", 0)]:
+        plan = plan_job(verdict("idle"), replace(FACTS, job_id=job), (), CONFIG, NOW)
+        assert isinstance(plan, PlannedAction)
+        plans.append(replace(plan, step=step))
+    kept, dropped = limit_per_tick(plans, 2)
+    assert [p.job_id for p in kept] == ["2", "1"]
+    assert [w.job_id for w in dropped] == ["3"] and "per-tick cap" in dropped[0].reason
+
+
+def test_tags_and_class_from_comment() -> None:
+    comment = "my run aigc:type=infer,reclaim=no aigc_class=train"
+    assert parse_job_tags(comment) == {"type": "infer", "reclaim": "no", "class": "train"}
+    assert job_class_of(comment, "unclassified") == "train"
+    assert job_class_of("aigc:type=infer", "unclassified") == "infer"
+    assert job_class_of("", "unclassified") == "unclassified"
+    assert opted_out(comment) and not opted_out("aigc:type=infer")
