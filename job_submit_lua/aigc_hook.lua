@@ -21,6 +21,7 @@ local NO_VAL = 4294967294
 local INFINITE = 4294967295
 local TAG_PREFIX = "aigc:"
 local JOB_PENDING = 0
+local MAX_FEATURE_LEN = 64  -- as slurm_aigc/telemetry/features.py publishes them
 
 local M = {}
 
@@ -61,12 +62,10 @@ for _, rule in ipairs(P.detection) do
     if rule.min_gpus or rule.max_gpus then DETECTION_NEEDS_GPUS = true end
 end
 
-local KNOWN_KEYS = { type = true, model = true, vram = true, share = true, nvlink = true }
 local BOOLEANS = { yes = true, ["true"] = true, ["1"] = true, on = true, no = false, ["false"] = false, ["0"] = false, off = false }
 local UNIT_GIB = { k = 1 / 1048576, m = 1 / 1024, g = 1, t = 1024 }
 
 local GRES_FIELDS = { "tres_per_node", "tres_per_job", "tres_per_socket", "tres_per_task" }
-local GRES_FIELD_SET = set_of(GRES_FIELDS)
 
 -- ---------------------------------------------------------------------------------------------
 -- Tags: `aigc:key=value,key=value` anywhere in the comment.
@@ -87,19 +86,20 @@ local function check_pair(key, value)
         if CLASS_SET[class] then return class end
         return nil, "unknown class", "use one of " .. P.class_list_text
     elseif key == "model" then
-        local model = gsub(value, "[^%w_%.%-]", "_")
-        if #model > 64 then model = sub(model, 1, 64) end
-        return model
+        -- Same cleaning as the publisher's model_feature(): unsafe runs -> "_", outer "_" dropped.
+        local model = gsub(gsub(gsub(value, "[^%w_%.%-]+", "_"), "^_+", ""), "_+$", "")
+        if model ~= "" then return model end
+        return nil, "no usable characters", "use letters, digits, _ . - in model ids"
     elseif key == "vram" then
         local gib = parse_vram_gib(value)
         if gib then return gib end
         return nil, "not a size", "give a per-GPU size with a unit, e.g. vram=20G"
-    elseif key == "share" or key == "nvlink" then
+    elseif key == "share" or key == "nvlink" or key == "reclaim" then
         local flag = BOOLEANS[lower(value)]
         if flag ~= nil then return flag end
         return nil, "not yes/no", "use " .. key .. "=yes or " .. key .. "=no"
     end
-    return nil, "unknown key", "known keys: type, model, vram, share, nvlink"
+    return nil, "unknown key", "known keys: type, model, vram, share, nvlink, reclaim"
 end
 
 -- Returns (tags or nil, problems or nil). Only the first `aigc:` in the comment is read.
@@ -131,6 +131,32 @@ end
 M.parse_tags = parse_tags
 
 -- ---------------------------------------------------------------------------------------------
+-- The job as the rules see it.
+
+local function job_view(job_desc, job_rec, part_list, uid, is_modify)
+    return { desc = job_desc, rec = job_rec, parts = part_list, uid = uid, modify = is_modify, plan = {}, planned = {} }
+end
+
+-- A field of the job: on modify, the updated value, else the job record's.
+local function get(view, field)
+    local value = view.desc[field]
+    if value == nil and view.rec then
+        value = view.rec[field]
+        if value == nil and field == "tres_per_node" then value = view.rec.gres end
+    end
+    return value
+end
+
+local function push(view, list_name, item)
+    local list = view[list_name]
+    if not list then
+        list = {}
+        view[list_name] = list
+    end
+    list[#list + 1] = item
+end
+
+-- ---------------------------------------------------------------------------------------------
 -- GPU requests: "gres:gpu:2" (22.05), "gres/gpu:a100:2" (23.02+), "gpu:1", "gres/gpu=2".
 
 -- Returns a table describing the gpu entry of one tres_per_* string, or nil.
@@ -152,10 +178,10 @@ local function parse_gpu_entry(entry)
 end
 
 -- Finds the one field holding a GPU request. Returns (gpu or nil, ambiguous).
-local function find_gpu(get)
+local function find_gpu(view)
     local found
     for _, field in ipairs(GRES_FIELDS) do
-        local value = get(field)
+        local value = get(view, field)
         if value and find(value, "gpu", 1, true) then
             local index = 0
             for entry in gmatch(value, "[^,]+") do
@@ -172,7 +198,6 @@ local function find_gpu(get)
     end
     return found, false
 end
-M.find_gpu = find_gpu
 
 -- Rebuilds a tres string with entry `index` replaced (nil drops it).
 local function replace_entry(value, index, new_entry)
@@ -217,41 +242,23 @@ end
 -- ---------------------------------------------------------------------------------------------
 -- The job view and the plan of changes.
 
-local function job_view(job_desc, job_rec, part_list, uid, is_modify)
-    local view = { desc = job_desc, rec = job_rec, parts = part_list, uid = uid, modify = is_modify,
-        plan = {}, planned = {}, notes = {}, add_features = {}, feature_why = {} }
-    if job_rec then
-        view.get = function(field)
-            local value = job_desc[field]
-            if value == nil then
-                value = job_rec[field]
-                if value == nil and field == "tres_per_node" then value = job_rec.gres end
-            end
-            return value
-        end
-    else
-        view.get = function(field) return job_desc[field] end
-    end
-    return view
-end
-
 -- The value a field will have after the planned changes.
 local function current(view, field)
     local planned = view.planned[field]
     if planned ~= nil then return planned end
-    return view.get(field)
+    return get(view, field)
 end
 
 local function plan(view, field, value, why)
     local before = current(view, field)
     if before == value then return end
     local plan_list = view.plan
-    plan_list[#plan_list + 1] = { field = field, value = value, before = view.get(field), why = why }
+    plan_list[#plan_list + 1] = { field = field, value = value, before = get(view, field), why = why }
     view.planned[field] = value
 end
 
 local function note_user(view, text)
-    view.notes[#view.notes + 1] = text
+    push(view, "notes", text)
 end
 
 -- ---------------------------------------------------------------------------------------------
@@ -260,33 +267,40 @@ end
 -- `interactive` means no batch script (srun/salloc); the script is read only when a rule asks.
 local function is_interactive(view)
     if view.interactive == nil then
-        view.interactive = (not view.modify) and view.get("script") == nil
+        view.interactive = (not view.modify) and get(view, "script") == nil
     end
     return view.interactive
 end
 
-local function matches_rule(rule, view, name)
+-- `lname` is the lower-cased job name (or nil). Globs arrive precompiled: `*word*` as a plain
+-- substring, anything else as an anchored Lua pattern.
+local function matches_name(rule, lname)
+    if not lname then return false end
+    for _, word in ipairs(rule.substrings) do
+        if find(lname, word, 1, true) then return true end
+    end
+    for _, pattern in ipairs(rule.patterns) do
+        if find(lname, pattern) then return true end
+    end
+    return false
+end
+
+local function matches_rule(rule, view, lname)
     if rule.interactive ~= nil and rule.interactive ~= is_interactive(view) then return false end
     if rule.min_gpus or rule.max_gpus then
         local gpus = view.gpu and view.gpu.count or 0
         if rule.min_gpus and gpus < rule.min_gpus then return false end
         if rule.max_gpus and gpus > rule.max_gpus then return false end
     end
-    if rule.names then
-        if not name then return false end
-        local lname = lower(name)
-        for _, pattern in ipairs(rule.names) do
-            if find(lname, pattern) then return true end
-        end
-        return false
-    end
+    if rule.substrings then return matches_name(rule, lname) end
     return true
 end
 
 local function detect_class(view)
-    local name = view.get("name")
+    local name = get(view, "name")
+    local lname = name and lower(name)
     for _, rule in ipairs(P.detection) do
-        if matches_rule(rule, view, name) then return rule.class end
+        if matches_rule(rule, view, lname) then return rule.class end
     end
     return "unknown"
 end
@@ -295,8 +309,8 @@ end
 -- Rules: one ordered list, one signature `rule(view)`; each reads `view` and calls `plan`.
 
 local function single_node(view)
-    local min_nodes = view.get("min_nodes")
-    local max_nodes = view.get("max_nodes")
+    local min_nodes = get(view, "min_nodes")
+    local max_nodes = get(view, "max_nodes")
     return (min_nodes == nil or min_nodes == NO_VAL or min_nodes <= 1)
         and (max_nodes == nil or max_nodes == NO_VAL or max_nodes == 0 or max_nodes <= 1)
 end
@@ -330,32 +344,35 @@ local function restrict_types(view, allowed, why)
         return false
     end
     if #kept == #TYPES then return true end
-    if not types_expr(kept) or not simple_features(view.get("features")) then
+    if not types_expr(kept) or not simple_features(get(view, "features")) then
         note_user(view, "aigc: cannot add a GPU type constraint for " .. why .. " to your --constraint; left unchanged")
         return false
     end
     view.allowed = set_of_names(kept)
     view.allowed_list = kept
-    view.feature_why[#view.feature_why + 1] = why
+    push(view, "feature_why", why)
     return true
 end
 
 local function add_feature(view, feature, why)
-    if not simple_features(view.get("features")) then
+    if not simple_features(get(view, "features")) then
         note_user(view, "aigc: cannot add feature " .. feature .. " to your --constraint; left unchanged")
         return
     end
-    view.add_features[#view.add_features + 1] = feature
-    view.feature_why[#view.feature_why + 1] = why
+    push(view, "add_features", feature)
+    push(view, "feature_why", why)
 end
 
 local function rule_shard(view)
     local cfg = P.rewrites.shard
     local tags, gpu = view.tags, view.gpu
     if not cfg.enabled or not SHARD_CLASSES[view.class] or not gpu or not tags or not tags.vram then return end
+    -- Slurm 22.05 refuses a GRES change in `scontrol update` of a pending job ("Invalid generic
+    -- resource (gres) specification"), failing the whole update: shards are chosen at submit only.
+    if view.modify then return end
     if tags.share == false or gpu.count ~= 1 or gpu.type or not single_node(view) then return end
     if gpu.field ~= "tres_per_node" and gpu.field ~= "tres_per_job" then return end
-    if view.get("cpus_per_tres") or view.get("mem_per_tres") then return end
+    if get(view, "cpus_per_tres") or get(view, "mem_per_tres") then return end
     local vram, allowed, shards = tags.vram, {}, 0
     for _, t in ipairs(TYPES) do
         if t.shards_per_gpu > 0 and vram <= cfg.max_fraction * t.memory_gib then
@@ -424,18 +441,55 @@ local function rule_nvlink(view)
     restrict_types(view, allowed, why)
 end
 
+-- Slurm rejects a job whose --prefer names a feature no node has ("Invalid preferred feature
+-- specification"), so a model feature is preferred only while the publisher lists it in
+-- `published_features_file` (one feature per line), re-read at most every `refresh_seconds`.
+local published, published_read_at = nil, nil
+
+local function published_features(cfg)
+    if not cfg.published_features_file then return nil end
+    local now = os.time()
+    if published_read_at and now - published_read_at < cfg.refresh_seconds then return published end
+    published_read_at = now
+    published = {}
+    local handle = io.open(cfg.published_features_file, "r")
+    if handle then
+        for line in handle:lines() do
+            local word = match(line, "^%s*([%w_%.%-]+)%s*$")
+            if word then published[word] = true end
+        end
+        handle:close()
+    end
+    return published
+end
+
 local function rule_model_prefer(view)
     local cfg = P.rewrites.model_prefer
     local tags = view.tags
     if not cfg.enabled or not tags or not tags.model then return end
-    local feature = cfg.feature_prefix .. tags.model
-    local prefer = view.get("prefer")
+    local feature = sub(cfg.feature_prefix .. tags.model, 1, MAX_FEATURE_LEN)
+    local known = published_features(cfg)
+    if known and not known[feature] then
+        if DEBUG then slurm.log_debug("aigc: no node publishes %s yet; no --prefer", feature) end
+        return
+    end
+    -- Slurm 22.05 schedules a job first with its --prefer *instead of* its --constraint, so the
+    -- preference must repeat the constraint (user's and ours) or it could escape it.
+    local prefer = get(view, "prefer")
+    if prefer ~= nil and prefer ~= "" then
+        if not match(prefer, "^[%w_%.%-&]+$") or has_word(prefer, feature) then return end
+    else
+        prefer = current(view, "features")
+        if prefer ~= nil and prefer ~= "" and not simple_features(prefer) and not match(prefer, "^[%w_%.%-&|()]+$") then
+            return
+        end
+    end
     if prefer == nil or prefer == "" then
         prefer = feature
-    elseif match(prefer, "^[%w_%.%-&]+$") and not has_word(prefer, feature) then
-        prefer = prefer .. "&" .. feature
+    elseif find(prefer, "|", 1, true) then
+        prefer = "(" .. prefer .. ")&" .. feature
     else
-        return
+        prefer = prefer .. "&" .. feature
     end
     plan(view, "prefer", prefer, "model_prefer: model=" .. tags.model)
 end
@@ -446,12 +500,14 @@ local function rule_class_defaults(view)
     if not defaults then return end
     local why = "class_defaults: class=" .. view.class
     local partition = defaults.partition
-    if partition and view.get("partition") == nil and view.parts and view.parts[partition] ~= nil then
+    -- Only a partition the user may use (part_list holds exactly those), so Slurm won't refuse it.
+    if partition and get(view, "partition") == nil and view.parts and view.parts[partition] ~= nil then
         plan(view, "partition", partition, why)
     end
-    if defaults.qos and view.get("qos") == nil then plan(view, "qos", defaults.qos, why) end
+    if defaults.qos and get(view, "qos") == nil then plan(view, "qos", defaults.qos, why) end
     local minutes = defaults.time_minutes
-    if minutes and (view.get("time_limit") == nil or view.get("time_limit") == NO_VAL) then
+    local limit = get(view, "time_limit")
+    if minutes and (limit == nil or limit == NO_VAL) then
         local part = view.parts and view.parts[current(view, "partition") or ""]
         local max_time = part and part.max_time
         if max_time == nil or max_time == NO_VAL or max_time == INFINITE or minutes <= max_time then
@@ -474,9 +530,9 @@ end
 local function rule_features(view)
     local parts = {}
     if view.allowed_list then parts[1] = types_expr(view.allowed_list) end
-    for _, feature in ipairs(view.add_features) do parts[#parts + 1] = feature end
+    for _, feature in ipairs(view.add_features or {}) do parts[#parts + 1] = feature end
     if #parts == 0 then return end
-    local features = view.get("features")
+    local features = get(view, "features")
     for _, part in ipairs(parts) do
         if features == nil or features == "" then
             features = part
@@ -487,8 +543,9 @@ local function rule_features(view)
     plan(view, "features", features, table.concat(view.feature_why, "; "))
 end
 
-local RULES = { rule_shard, rule_vram_fit, rule_nvlink, rule_model_prefer, rule_features, rule_class_defaults,
+local RULES = { rule_shard, rule_vram_fit, rule_nvlink, rule_features, rule_model_prefer, rule_class_defaults,
     rule_comment_class }
+for i = 1, 7 do assert(RULES[i], "aigc: rule " .. i .. " of RULES is undefined") end
 
 -- ---------------------------------------------------------------------------------------------
 -- Messages and applying the plan.
@@ -527,15 +584,19 @@ local function apply(view)
     error(err, 0)
 end
 
+-- slurmctld 22.05 discards user messages from job_modify with an error line, so an update
+-- only logs; a submission also tells the user.
 local function announce(view)
-    local name, uid = show(view.get("name")), view.uid
+    local name, uid, tell = show(get(view, "name")), view.uid, not view.modify
     for _, change in ipairs(view.plan) do
         slurm.log_info("aigc: rewrite uid=%s name=%s class=%s %s: %s -> %s (%s)", tostring(uid), name,
             view.class, change.field, show(change.before), show(change.value), change.why)
-        slurm.log_user("aigc: %s: %s %s -> %s", change.why, change.field, show(change.before), show(change.value))
+        if tell then
+            slurm.log_user("aigc: %s: %s %s -> %s", change.why, change.field, show(change.before), show(change.value))
+        end
     end
-    for _, text in ipairs(view.notes) do
-        slurm.log_user("%s", text)
+    for _, text in ipairs(view.notes or {}) do
+        if tell then slurm.log_user("%s", text) else slurm.log_info("aigc: uid=%s: %s", tostring(uid), text) end
     end
 end
 
@@ -544,27 +605,26 @@ end
 
 -- Returns (rc, class).
 local function run(view)
-    local comment = view.get("comment")
+    local comment = get(view, "comment")
     local tags, problems = parse_tags(comment)
     view.tags = tags
     if tags ~= nil or DETECTION_NEEDS_GPUS then
-        local gpu, ambiguous = find_gpu(view.get)
+        local gpu, ambiguous = find_gpu(view)
         view.gpu = gpu
         if ambiguous and DEBUG then slurm.log_debug("aigc: GPU request not understood, not rewritten") end
     end
     local class = tags and tags.type or detect_class(view)
     view.class = class
     if view.uid == 0 and P.hook.skip_root then return slurm.SUCCESS, class end
-    if UNTOUCHED[class] then return slurm.SUCCESS, class end
-    if problems then
+    -- A malformed tag is rejected in strict mode whatever the class: the user meant to tag.
+    if problems and STRICT then
         local text = tag_error_text(problems)
-        if STRICT then
-            slurm.log_info("aigc: reject uid=%s: %s", tostring(view.uid), text)
-            slurm.log_user("%s", text)
-            return slurm.ERROR, class
-        end
-        note_user(view, text .. " -- ignored")
+        slurm.log_info("aigc: reject uid=%s: %s", tostring(view.uid), text)
+        slurm.log_user("%s", text)
+        return slurm.ERROR, class
     end
+    if UNTOUCHED[class] then return slurm.SUCCESS, class end
+    if problems then note_user(view, tag_error_text(problems) .. " -- ignored") end
     for _, rule in ipairs(RULES) do rule(view) end
     if view.type_misfit then
         local text = "aigc: " .. view.type_misfit .. "; fix --gres or vram="
@@ -596,5 +656,4 @@ function M.modify(job_desc, job_rec, part_list, modify_uid)
     return run(job_view(job_desc, job_rec, part_list, modify_uid, true))
 end
 
-M.GRES_FIELDS = GRES_FIELD_SET
 return M

@@ -8,13 +8,13 @@ FILE` reads sacct (and the samples database when present). Running a workload
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import click
 from sqlalchemy.orm import Session, sessionmaker
@@ -22,8 +22,20 @@ from sqlalchemy.orm import Session, sessionmaker
 from slurm_aigc.errors import AigcError, DatabaseError
 from slurm_aigc.replay import generator, traces
 from slurm_aigc.replay.from_sacct import FromSacctParams, workload_from_sacct
-from slurm_aigc.replay.workload import Workload, read_workload, span_s, summarize, write_workload
-from slurm_aigc.report.sacct import JobRecord, SacctQuery, SacctReader, SacctRunner, SkippedRow
+from slurm_aigc.replay.workload import (
+    Workload,
+    read_workload,
+    span_s,
+    summarize,
+    write_workload,
+)
+from slurm_aigc.report.sacct import (
+    JobRecord,
+    SacctQuery,
+    SacctReader,
+    SacctRunner,
+    SkippedRow,
+)
 from slurm_aigc.report.samples import SampleSlice, SampleStore
 from slurm_aigc.report.timespec import parse_when
 
@@ -31,6 +43,7 @@ log = logging.getLogger(__name__)
 
 TRACE_CHOICES = (*traces.TRACES, "mix")
 RUNNER_MODULE = "slurm_aigc.replay.runner"
+RUNNER_COMMAND = "run_workload_command"
 
 
 @dataclass(frozen=True)
@@ -144,11 +157,17 @@ def _when(text: str, now: datetime, name: str) -> datetime:
 
 
 def _run_workload(ctx: click.Context, path: Path) -> None:
+    """Validate the file, then hand it to the runner's `run_workload_command` (a click command)."""
     workload = read_workload(path)
-    if importlib.util.find_spec(RUNNER_MODULE) is None:
-        raise AigcError(f"{path}: valid ({len(workload.jobs)} jobs), but running it needs {RUNNER_MODULE}, not installed")
-    runner = importlib.import_module(RUNNER_MODULE)
-    ctx.invoke(runner.run_workload_command, workload_path=path)
+    try:
+        command = getattr(importlib.import_module(RUNNER_MODULE), RUNNER_COMMAND, None)
+    except ModuleNotFoundError as error:
+        if error.name != RUNNER_MODULE:
+            raise
+        command = None
+    if not isinstance(command, click.Command):
+        raise AigcError(f"{path}: valid ({len(workload.jobs)} jobs), but running it needs {RUNNER_MODULE}.{RUNNER_COMMAND}")
+    ctx.invoke(command, workload_path=path)
 
 
 # ---------------------------------------------------------------- convert
@@ -170,7 +189,7 @@ def _run_workload(ctx: click.Context, path: Path) -> None:
 @click.option("--minutes", type=float, default=None, help="Same as --duration-s, in minutes.")
 @click.option("--max-jobs", type=int, default=None, help="At most this many jobs (default 150).")
 @click.option("--capacity-gpus", type=int, default=None, help="GPUs of the cluster the load is sized for (default 24).")
-@click.option("--load", "load_target", type=float, default=None, help="Whole-GPU demand / capacity over the window (default 1.6).")
+@click.option("--load", "load_target", type=float, default=None, help="Whole-GPU demand / capacity over the window (default 2.0).")
 @click.option("--window-start-s", type=float, default=None, help="Trace seconds after its first arrival where the window starts.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Any generator parameter (e.g. infer.loading_s=5).")
 @click.option("--show-skipped", type=int, default=5, show_default=True, help="Print this many skipped trace rows.")
@@ -193,7 +212,7 @@ def convert(
     if duration_s is not None and minutes is not None:
         raise click.UsageError("give --duration-s or --minutes, not both")
     params = generator.with_overrides(generator.GeneratorParams(), _pairs(overrides))
-    named = {
+    named: dict[str, Any] = {
         "seed": seed,
         "compression": compression,
         "arrival_window_s": duration_s if minutes is None else minutes * 60,
@@ -260,12 +279,12 @@ def _summary_dict(workload: Workload) -> dict[str, object]:
 
 
 def _table(workload: Workload) -> str:
-    header = ("class", "jobs", "gpus", "gpu_s", "mean_s", "share", "idle", "hung", "overalloc")
+    header = ("class", "jobs", "gpus", "gpu_s", "mean_s", "share", "idle_tail", "hung", "overalloc")
     rows = [header]
     for c in summarize(workload.jobs):
         rows.append((
             c.job_class, str(c.jobs), str(c.gpus_requested), f"{c.gpu_seconds_requested:.0f}",
-            f"{c.mean_duration_s:.0f}", str(c.shareable), str(c.with_idle), str(c.hung), str(c.over_allocated),
+            f"{c.mean_duration_s:.0f}", str(c.shareable), str(c.idle_tail), str(c.hung), str(c.over_allocated),
         ))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths))) for r in rows]

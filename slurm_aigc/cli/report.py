@@ -14,11 +14,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from slurm_aigc.errors import AigcError, DatabaseError
 from slurm_aigc.report import figures, render
 from slurm_aigc.report.sacct import (
+    ReportSlurm,
     SacctQuery,
     SacctReader,
-    SacctRunner,
     SkippedRow,
     filter_classes,
+    with_live_comments,
 )
 from slurm_aigc.report.samples import DEFAULT_INTERVAL_S, SampleStore
 from slurm_aigc.report.timespec import parse_when
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 class ReportEnv:
     """The side effects of a report (tests pass their own through `CliRunner.invoke(obj=...)`)."""
 
-    slurm: Callable[[], SacctRunner]
+    slurm: Callable[[], ReportSlurm]
     database: Callable[[str | None], sessionmaker[Session]]
     now: Callable[[], datetime]
 
@@ -101,6 +102,7 @@ shards_option = click.option("--shards-per-gpu", default="a100=80,t4=16", show_d
 @click.option("--user", "-u", multiple=True, help="Only these users (repeatable or comma list).")
 @click.option("--account", "-A", multiple=True, help="Only these accounts.")
 @click.option("--partition", "-r", multiple=True, help="Only these partitions.")
+@click.option("--name", "names", multiple=True, help="Only jobs with these names (like sacct --name).")
 @click.option("--class", "classes", multiple=True, help="Only these AIGC classes (from the job comment).")
 @click.option("--group-by", "-g", multiple=True, help=f"Group by {', '.join(figures.GROUP_KEYS)} (repeatable or comma list).")
 @click.option("--chunk-hours", default=24.0, show_default=True, help="sacct is read in windows of this length.")
@@ -110,7 +112,7 @@ shards_option = click.option("--shards-per-gpu", default="a100=80,t4=16", show_d
 @shards_option
 @click.pass_context
 def report(ctx: click.Context, since: str, until: str, user: tuple[str, ...], account: tuple[str, ...],
-           partition: tuple[str, ...], classes: tuple[str, ...], group_by: tuple[str, ...], chunk_hours: float,
+           partition: tuple[str, ...], names: tuple[str, ...], classes: tuple[str, ...], group_by: tuple[str, ...], chunk_hours: float,
            fmt: str, output: Path | None, db_url: str | None, shards_per_gpu: str) -> None:
     """GPU-hours allocated, used and idle per group, from sacct joined with slurm-aigc's samples."""
     if ctx.invoked_subcommand is not None:
@@ -119,7 +121,7 @@ def report(ctx: click.Context, since: str, until: str, user: tuple[str, ...], ac
     now = env.now()
     query = SacctQuery(since=_when(since, now, "--since"), until=_when(until, now, "--until"),
                        users=_split(user), accounts=_split(account), partitions=_split(partition),
-                       classes=_split(classes))
+                       names=_split(names), classes=_split(classes))
     if query.until <= query.since or chunk_hours <= 0:
         raise click.BadParameter("--until must be after --since and --chunk-hours positive")
     params = figures.ReportParams(since_ts=query.since.timestamp(), until_ts=min(query.until, now).timestamp(),
@@ -139,9 +141,11 @@ def _group_keys(values: tuple[str, ...]) -> tuple[str, ...]:
 
 def _summary(env: ReportEnv, query: SacctQuery, params: figures.ReportParams, db_url: str | None,
              chunk: timedelta) -> figures.Report:
-    reader = SacctReader(env.slurm(), chunk=chunk)
+    slurm = env.slurm()
+    reader = SacctReader(slurm, chunk=chunk)
     aggregator = figures.Aggregator(params)
-    aggregator.add_rows(filter_classes(reader.rows(query), query.classes))
+    rows = with_live_comments(reader.rows(query), slurm)
+    aggregator.add_rows(filter_classes(rows, query.classes))
     store = _store(env, db_url)
     if store is not None:
         try:
@@ -152,6 +156,11 @@ def _summary(env: ReportEnv, query: SacctQuery, params: figures.ReportParams, db
         except Exception as error:  # SQLAlchemy errors on a foreign/old database
             raise DatabaseError(f"cannot read samples: {error}") from error
     return aggregator.result()
+
+
+def _is_job(job_id: str, job_id_raw: str, wanted: str) -> bool:
+    """sacct -j 123 also lists array tasks 123_4 and het components 123+1."""
+    return wanted in (job_id, job_id_raw) or job_id.startswith((f"{wanted}_", f"{wanted}+"))
 
 
 @report.command("job")
@@ -166,7 +175,9 @@ def job(ctx: click.Context, job_id: str, fmt: str, output: Path | None, db_url: 
     env = _env(ctx)
     now = env.now()
     query = SacctQuery(since=datetime(1970, 1, 2), until=now, job_ids=(job_id,))
-    rows = list(SacctReader(env.slurm()).rows(query))
+    slurm = env.slurm()
+    rows = [r for r in with_live_comments(SacctReader(slurm).rows(query), slurm)
+            if isinstance(r, SkippedRow) or _is_job(r.job_id, r.job_id_raw, job_id)]
     ids = {job_id} | {r.job_id_raw for r in rows if not isinstance(r, SkippedRow)}
     store = _store(env, db_url)
     slices = list(store.job_slices(0.0, now.timestamp() + 1.0, sorted(ids))) if store else []

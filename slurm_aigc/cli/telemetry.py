@@ -56,7 +56,7 @@ def _topology_text(input_path: str | None, backend: str, node: str | None, simgp
     if input_path:
         return Path(input_path).read_text(encoding="utf-8", errors="replace")
     name = node or node_name(os.environ)
-    # Only `nvidia-smi topo -m` runs for nvml; NVML itself is started lazily by read().
+    # For nvml this starts NVML too, so a missing driver is the clear NvmlUnavailableError.
     source = open_backend("sim" if backend == "sim" else "nvml", name, simgpu_dir)
     try:
         text = source.topology_text()

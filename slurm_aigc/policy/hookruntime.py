@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import lupa.lua51 as lua51
+from lupa import lua51
 
 from slurm_aigc.errors import AigcError
 
@@ -131,6 +131,23 @@ local function partitions(parts)
 end
 
 local harness = {}
+
+-- Seconds of Lua time per slurm_job_submit call, `n` calls on fresh copies of one job.
+function harness.bench(desc_store, parts, uid, n)
+  local lists = partitions(parts)
+  local copies = {}
+  for i = 1, n do
+    local copy = {}
+    for k, v in pairs(desc_store) do copy[k] = v end
+    copies[i] = job_desc(copy, false)
+  end
+  local started = os.clock()
+  for i = 1, n do
+    events, user_msg = {}, nil
+    slurm_job_submit(copies[i], lists, uid)
+  end
+  return (os.clock() - started) / n
+end
 function harness.call(kind, desc_store, rec_store, parts, uid)
   events, user_msg = {}, nil
   AIGC_LAST_CLASS = nil
@@ -246,6 +263,11 @@ class HookRuntime:
             job_class=_from_lua(job_class), before=dict(_clean(fields)), after=after,
             user_msg=_from_lua(user_msg), log=log,
         )
+
+    def seconds_per_submit(self, fields: Mapping[str, Any], *, submit_uid: int, calls: int = 10_000) -> float:
+        """Lua CPU time of one slurm_job_submit call (benchmarks/bench_hook.py)."""
+        parts = self._lua.table_from({_to_lua(n): self._table(p) for n, p in default_partitions().items()})
+        return float(self._harness.bench(self._table(fields), parts, submit_uid, calls))
 
     def _table(self, fields: Mapping[str, Any]) -> Any:
         return self._lua.table_from({_to_lua(k): _to_lua(v) for k, v in _clean(fields).items()})

@@ -6,8 +6,9 @@ slurmctld therefore never reads half a file, and a script with a syntax error (w
 stop a restarting slurmctld) never reaches the directory.
 
 Slurm 22.05 re-reads job_submit.lua only when its mtime is newer than the second of its last
-load, so a file replaced within that same second would be ignored until the next change; a
-future mtime (now + 1 s) is always newer than any earlier load.
+load, so a file replaced within that same second would be ignored until the next change; the
+new file's mtime is set one second past both the clock and the old file's mtime, which is
+newer than any earlier load.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def atomic_write(path: Path, text: str, *, clock: Callable[[], float] = time.tim
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(temp, 0o644)
-        mtime = float(int(clock()) + 1)
+        mtime = next_mtime(path, clock())
         os.utime(temp, (mtime, mtime))
         os.replace(temp, path)
         _fsync_dir(directory)
@@ -87,6 +88,19 @@ def atomic_write(path: Path, text: str, *, clock: Callable[[], float] = time.tim
         temp.unlink(missing_ok=True)
         raise PolicyInstallError(f"cannot write {path}: {error.strerror or error}") from error
     return InstallResult(path, len(data), mtime)
+
+
+def next_mtime(path: Path, now_s: float) -> float:
+    """A whole second newer than both now and the file being replaced.
+
+    slurmctld 22.05 skips a script whose mtime is not newer than its last load, whether that
+    load time is the clock or the old file's own (future) mtime.
+    """
+    try:
+        previous = os.stat(path).st_mtime
+    except FileNotFoundError:
+        previous = 0.0
+    return float(max(int(now_s), int(previous)) + 1)
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -229,11 +229,19 @@ def _nvlink(node: Node, known: set[str]) -> NvlinkRule:
 
 
 def _model_prefer(node: Node) -> ModelPreferRule:
-    mapping(node, {"enabled", "feature_prefix"})
+    mapping(node, {"enabled", "feature_prefix", "published_features_file", "refresh_seconds"})
     prefix = get(node, "feature_prefix", str, "model_")
     if not re.match(r"^[A-Za-z0-9_.-]*$", prefix):
         raise node.child("feature_prefix").error(f"letters, digits, _ . - only, got {prefix!r}")
-    return ModelPreferRule(_enabled(node), prefix)
+    path = ModelPreferRule.published_features_file
+    if "published_features_file" in node.value:
+        path = optional(node, "published_features_file", str)
+        if path is not None and not path.startswith("/"):
+            raise node.child("published_features_file").error(f"expected an absolute path, got {path!r}")
+    refresh = get(node, "refresh_seconds", int, 10)
+    if refresh < 0:
+        raise node.child("refresh_seconds").error(f"must be >= 0, got {refresh}")
+    return ModelPreferRule(_enabled(node), prefix, path, refresh)
 
 
 def _toggle(node: Node) -> Toggle:

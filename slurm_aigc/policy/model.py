@@ -79,10 +79,17 @@ class Toggle:
     enabled: bool = True
 
 
+DEFAULT_PUBLISHED_FEATURES_FILE = "/var/lib/slurm-aigc/published-features.txt"
+
+
 @dataclass(frozen=True)
 class ModelPreferRule:
+    """model=X -> --prefer model_X, only while the publisher lists model_X (else Slurm rejects the job)."""
+
     enabled: bool = True
     feature_prefix: str = "model_"
+    published_features_file: str | None = DEFAULT_PUBLISHED_FEATURES_FILE  # None: trust every model
+    refresh_seconds: int = 10
 
 
 @dataclass(frozen=True)

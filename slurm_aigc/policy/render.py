@@ -70,19 +70,33 @@ def lua_value(value: LuaValue, indent: str = "") -> str:
 
 
 def glob_to_lua_pattern(glob: str) -> str:
-    """'*train*' -> '^.*train.*$' over the lower-cased job name; Lua magic characters escaped."""
-    out = ["^"]
-    for char in glob.lower():
+    """'sd*' -> '^sd', '*x?y' -> 'x.y$' over the lower-cased job name; Lua magic escaped.
+
+    Leading and trailing `*` drop the anchor instead of becoming `.*`, which Lua's matcher
+    would backtrack over.
+    """
+    text = glob.lower()
+    head = "" if text.startswith("*") else "^"
+    tail = "" if text.endswith("*") else "$"
+    body = []
+    for char in text.strip("*"):
         if char == "*":
-            out.append(".*")
+            body.append(".*")
         elif char == "?":
-            out.append(".")
+            body.append(".")
         elif char in _LUA_MAGIC:
-            out.append("%" + char)
+            body.append("%" + char)
         else:
-            out.append(char)
-    out.append("$")
-    return "".join(out)
+            body.append(char)
+    return head + "".join(body) + tail
+
+
+def substring_of(glob: str) -> str | None:
+    """'*train*' -> 'train' (found with a plain string.find); None for any other shape."""
+    inner = glob.lower()[1:-1]
+    if len(glob) > 2 and glob.startswith("*") and glob.endswith("*") and not set(inner) & {"*", "?"}:
+        return inner
+    return None
 
 
 def _gpu_type(t: GpuType) -> dict[str, LuaValue]:
@@ -93,9 +107,12 @@ def _gpu_type(t: GpuType) -> dict[str, LuaValue]:
 
 
 def _rule(rule: DetectionRule) -> dict[str, LuaValue]:
+    substrings = [s for s in (substring_of(g) for g in rule.name_globs) if s is not None]
+    patterns = [glob_to_lua_pattern(g) for g in rule.name_globs if substring_of(g) is None]
+    named = bool(rule.name_globs)
     return {
         "class": rule.class_name,
-        "names": [glob_to_lua_pattern(g) for g in rule.name_globs] if rule.name_globs else None,
+        "substrings": substrings if named else None, "patterns": patterns if named else None,
         "min_gpus": rule.min_gpus, "max_gpus": rule.max_gpus, "interactive": rule.interactive,
     }
 
@@ -116,7 +133,11 @@ def policy_table(policy: Policy) -> dict[str, LuaValue]:
             "vram_fit": {"enabled": r.vram_fit.enabled, "reject_misfit": r.vram_fit.reject_misfit},
             "nvlink": {"enabled": r.nvlink.enabled, "classes": list(r.nvlink.classes), "method": r.nvlink.method,
                        "feature": r.nvlink.feature},
-            "model_prefer": {"enabled": r.model_prefer.enabled, "feature_prefix": r.model_prefer.feature_prefix},
+            "model_prefer": {
+                "enabled": r.model_prefer.enabled, "feature_prefix": r.model_prefer.feature_prefix,
+                "published_features_file": r.model_prefer.published_features_file,
+                "refresh_seconds": r.model_prefer.refresh_seconds,
+            },
             "class_defaults": {"enabled": r.class_defaults.enabled},
             "comment_class": {"enabled": r.comment_class.enabled},
         },

@@ -6,15 +6,15 @@ the file does not name uses `defaults`. Unknown keys are errors naming file and 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from slurm_aigc.errors import ConfigError
+
+# One reader of the config file for every section (move to validation.py when the lead can).
+from slurm_aigc.telemetry.config import config_path, load_section
 from slurm_aigc.validation import Node, get, mapping, optional, string_list
 
 VERDICTS = ("idle", "memory_held", "fake_busy", "over_allocated")
@@ -26,7 +26,6 @@ _ALLOWED_ACTIONS = {
     "fake_busy": {"notify", "signal", "requeue", "cancel"},
     "over_allocated": {"notify", "signal", "shrink"},
 }
-DEFAULT_CONFIG_PATH = "/etc/slurm-aigc/slurm-aigc.yaml"
 UNCLASSIFIED = "unclassified"
 
 
@@ -148,23 +147,12 @@ def parse_reclaim_section(node: Node) -> ReclaimConfig:
 def load_reclaim_config(path: str | Path | None = None) -> ReclaimConfig:
     """Read the `reclaim:` section of the policy file.
 
-    `path` None means `SLURM_AIGC_CONFIG` or /etc/slurm-aigc/slurm-aigc.yaml; when that
+    `path` None means `$SLURM_AIGC_CONFIG` or /etc/slurm-aigc/slurm-aigc.yaml; when that
     default file does not exist the shipped defaults apply (dry-run on). An explicit path
     that does not exist is an error.
     """
-    explicit = path is not None or "SLURM_AIGC_CONFIG" in os.environ
-    chosen = Path(path or os.environ.get("SLURM_AIGC_CONFIG", DEFAULT_CONFIG_PATH))
-    if not chosen.exists():
-        if explicit:
-            raise ConfigError(str(chosen), "", "file not found")
-        return ReclaimConfig()
-    try:
-        document = yaml.safe_load(chosen.read_text()) or {}
-    except (OSError, yaml.YAMLError) as error:
-        raise ConfigError(str(chosen), "", f"cannot read YAML: {error}") from error
-    if not isinstance(document, Mapping):
-        raise ConfigError(str(chosen), "", "expected a mapping at the top level")
-    return parse_reclaim_section(Node(str(chosen), "reclaim", document.get("reclaim")))
+    chosen, required = config_path(None if path is None else str(path))
+    return parse_reclaim_section(load_section(chosen, "reclaim", required))
 
 
 def _as_mapping(node: Node) -> Node:

@@ -42,6 +42,7 @@ class JobFacts:
     gpus: int
     opt_out: bool = False
     remaining_s: float | None = None
+    shrinkable: bool = True  # its GPU request is one we can rewrite (see jobs.shrink_updates)
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,7 @@ def applicable(action: str, facts: JobFacts, verdict: Verdict, config: ReclaimCo
         return False
     if action == "shrink":
         used = verdict.gpus_used or 0
-        return facts.num_nodes == 1 and 0 < used < facts.gpus
+        return facts.shrinkable and facts.num_nodes == 1 and 0 < used < facts.gpus
     if action == "signal":
         return facts.batch
     if action == "cancel":

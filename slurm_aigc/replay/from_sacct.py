@@ -208,14 +208,12 @@ def _profile(record: JobRecord, samples: Sequence[SampleSlice], elapsed: float, 
     if not timeline:
         return [Phase("busy", elapsed)]
     phases: list[Phase] = []
-    lead = timeline[0][0] - start
-    if lead >= 1:
-        phases.append(Phase("loading", lead))
+    _append(phases, "loading", timeline[0][0] - start)
     for index, (ts, busy) in enumerate(timeline):
         end = timeline[index + 1][0] if index + 1 < len(timeline) else start + elapsed
-        _append(phases, "busy" if busy else "idle", end - ts)
-    if phases and phases[0].kind == "idle" and lead < 1:
-        phases[0] = Phase("loading", phases[0].seconds)  # idle at start is model loading
+        # Idle before the first busy poll is model loading, not waste.
+        kind = "busy" if busy else ("idle" if any(p.kind == "busy" for p in phases) else "loading")
+        _append(phases, kind, end - ts)
     return _fit(phases, elapsed)
 
 

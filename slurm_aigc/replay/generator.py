@@ -25,11 +25,18 @@ import json
 import math
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 from slurm_aigc.errors import AigcError
 from slurm_aigc.replay.traces import TraceJob
-from slurm_aigc.replay.workload import Phase, Workload, WorkloadJob, format_tags, profile_seconds
+from slurm_aigc.replay.workload import (
+    Phase,
+    Workload,
+    WorkloadJob,
+    format_tags,
+    profile_seconds,
+)
 
 USAGE_KINDS = ("busy", "bursty", "idle_tail", "over_allocated", "hung")
 SOURCE_PREFIX = {"alibaba-2023": "openb", "genai-2026": "genai", "philly": "philly"}
@@ -84,7 +91,7 @@ class GeneratorParams:
     time_limit_factor: float = 1.5  # time limit = duration x this, rounded up to whole minutes
     # Load: whole-GPU demand over the arrival window relative to the cluster's GPUs.
     capacity_gpus: int = 24  # default local cluster: 2 x 8 a100 + 2 x 4 t4
-    load_target: float = 1.6
+    load_target: float = 2.0
     max_jobs: int = 150
     max_gpus_per_job: int = 8  # one node's GPUs: bigger trace jobs are capped
     mix_weights: tuple[tuple[str, float], ...] = (("alibaba-2023", 0.35), ("genai-2026", 0.30), ("philly", 0.35))
@@ -108,6 +115,8 @@ class GeneratorParams:
     # Usage shapes.
     loading_fraction_max: float = 0.25  # loading never longer than this share of the duration
     min_work_s: float = 10.0
+    burst_busy_s: float = 10.0  # bursty work: busy this long, then idle
+    burst_idle_s: float = 10.0  # ... this long (shorter than any idle-detection window)
     idle_tail_s_range: tuple[float, float] = (60.0, 150.0)
     hung_busy_fraction: float = 0.5  # hung jobs hang after this share of their work
     hung_overrun_s: float = 60.0  # hung phase outlasts the time limit by this, so Slurm ends it
@@ -142,13 +151,6 @@ class Draft:
     vram_gib: float | None = None  # None: drawn from the class's range
     model: str = ""
     work_kind: str = ""  # forced work phase kind (imagegen serving is bursty)
-
-
-@dataclass
-class _Pick:
-    offset_s: float
-    draft: Draft
-    rng_state: random.Random = field(repr=False)
 
 
 # ---------------------------------------------------------------- entry point
@@ -304,27 +306,52 @@ def _session_draft(model: str, burst: Sequence[TraceJob], params: GeneratorParam
 def _walk(
     source: str, drafts: Sequence[Draft], params: GeneratorParams, weight: float, rng: random.Random
 ) -> tuple[list[WorkloadJob], float]:
-    """Walk drafts from the window start, wrapping offsets onto the replay window, until the
-    source's share of the load (or of the job cap) is reached. Returns picks and the start (trace s)."""
-    first = drafts[0].arrival_s
-    span = drafts[-1].arrival_s - first
-    start_index = _start_index(drafts, params, rng)
+    """Jobs of whole trace windows, stacked onto the replay window until their demand reaches
+    the source's budget, then thinned (seeded) to the budget and the job cap so arrivals stay
+    spread over the whole window. Returns the jobs and the window start (trace s)."""
     budget_gpu_s = params.load_target * params.capacity_gpus * params.arrival_window_s * weight
     job_cap = max(1, round(params.max_jobs * weight))
-    picks: list[WorkloadJob] = []
+    start_index = _start_index(drafts, params, rng)
+    candidates = _laps(source, drafts, start_index, params, budget_gpu_s)
+    rng.shuffle(candidates)
+    kept: list[WorkloadJob] = []
     demand = 0.0
+    for job in candidates:
+        if demand >= budget_gpu_s or len(kept) >= job_cap:
+            break
+        kept.append(job)
+        demand += _demand(job)
+    kept.sort(key=lambda j: (j.submit_offset_s, j.source))
+    return kept, drafts[start_index].arrival_s - drafts[0].arrival_s
+
+
+def _laps(source: str, drafts: Sequence[Draft], start_index: int, params: GeneratorParams, budget_gpu_s: float) -> list[WorkloadJob]:
+    """Every draft of consecutive trace windows from `start_index` (wrapping past the trace's
+    end at most once) until a whole window ends with the demand at or over the budget."""
+    span = drafts[-1].arrival_s - drafts[0].arrival_s
+    window_trace_s = params.arrival_window_s * params.compression
+    origin = drafts[start_index].arrival_s
+    jobs: list[WorkloadJob] = []
+    demand = 0.0
+    current_lap = 0.0
     for step in range(len(drafts)):
         index = (start_index + step) % len(drafts)
         draft = drafts[index]
-        lap = span + 1.0 if index < start_index else 0.0  # wrapped past the trace's end
-        trace_offset = draft.arrival_s + lap - drafts[start_index].arrival_s
-        offset = (trace_offset / params.compression) % params.arrival_window_s
-        job = _job(source, _Pick(offset, draft, random.Random(f"{params.seed}:{draft.source}:{draft.line}")), params)
-        picks.append(job)
-        demand += job.gpus * min(job.duration_s, job.time_limit_s)
-        if demand >= budget_gpu_s or len(picks) >= job_cap:
+        wrapped = span + 1.0 if index < start_index else 0.0
+        lap, within = divmod(draft.arrival_s + wrapped - origin, window_trace_s)
+        if lap > current_lap and demand >= budget_gpu_s:
             break
-    return picks, drafts[start_index].arrival_s - first
+        current_lap = lap
+        # Each job draws from its own stream, so adding or dropping a job never changes another.
+        job_rng = random.Random(f"{params.seed}:{draft.source}:{draft.line}")
+        jobs.append(_job(source, within / params.compression, draft, job_rng, params))
+        demand += _demand(jobs[-1])
+    return jobs
+
+
+def _demand(job: WorkloadJob) -> float:
+    """Whole GPUs x the time the job holds them under stock Slurm (a hung job: its limit)."""
+    return job.gpus * min(job.duration_s, job.time_limit_s)
 
 
 def _start_index(drafts: Sequence[Draft], params: GeneratorParams, rng: random.Random) -> int:
@@ -344,8 +371,7 @@ def _compressed_duration(trace_s: float, params: GeneratorParams) -> float:
 # ---------------------------------------------------------------- jobs
 
 
-def _job(source: str, pick: _Pick, params: GeneratorParams) -> WorkloadJob:
-    draft, rng = pick.draft, pick.rng_state
+def _job(source: str, offset_s: float, draft: Draft, rng: random.Random, params: GeneratorParams) -> WorkloadJob:
     cls = draft.job_class
     cp = params.class_params(cls)
     gpus = min(draft.gpus, params.max_gpus_per_job)
@@ -360,7 +386,7 @@ def _job(source: str, pick: _Pick, params: GeneratorParams) -> WorkloadJob:
     used = max(1, math.floor(gpus * params.over_allocated_used_fraction)) if kind == "over_allocated" else 0
     return WorkloadJob(
         name="",
-        submit_offset_s=round(pick.offset_s, 1),
+        submit_offset_s=round(offset_s, 1),
         job_class=cls,
         gpus=gpus,
         vram_gib_per_gpu=vram,
@@ -401,11 +427,12 @@ def _profile(
 ) -> tuple[tuple[Phase, ...], tuple[Phase, ...], int]:
     """The usage profile, what a requeued run does, and the Slurm time limit (s)."""
     loading = _secs(min(cp.loading_s, duration * params.loading_fraction_max))
-    work_kind = draft.work_kind or ("bursty" if kind == "bursty" or (cls == "infer" and kind == "idle_tail") else "busy")
+    bursty = draft.work_kind == "bursty" or kind == "bursty" or (cls == "infer" and kind == "idle_tail")
+    load = (Phase("loading", loading),)
     if kind == "idle_tail":
         tail = _secs(rng.uniform(*params.idle_tail_s_range))
         work = _secs(max(duration - loading - tail, params.min_work_s))
-        profile = (Phase("loading", loading), Phase(work_kind, work), Phase("idle", tail))
+        profile = (*load, *_work(work, bursty, params), Phase("idle", tail))
         # The work was done before the tail: a requeued run has nothing left to do.
         return profile, (), _limit(profile_seconds(profile), params)
     work = _secs(max(duration - loading, params.min_work_s))
@@ -414,12 +441,26 @@ def _profile(
         limit = _limit(loading + work, params)
         hang = _secs(limit + params.hung_overrun_s - loading - before)
         rest = _secs(max(work - before, 1.0))
-        return (Phase("loading", loading), Phase(work_kind, before), Phase("hung", hang)), (Phase("loading", loading), Phase(work_kind, rest)), limit
-    profile = (Phase("loading", loading), Phase(work_kind, work))
+        return (*load, *_work(before, bursty, params), Phase("hung", hang)), (*load, *_work(rest, bursty, params)), limit
+    profile = (*load, *_work(work, bursty, params))
     if kind == "over_allocated":
         rest = _secs(max(work * params.requeue_remaining_fraction, 1.0))
-        return profile, (Phase("loading", loading), Phase(work_kind, rest)), _limit(loading + work, params)
+        return profile, (*load, *_work(rest, bursty, params)), _limit(loading + work, params)
     return profile, profile, _limit(loading + work, params)
+
+
+def _work(seconds: float, bursty: bool, params: GeneratorParams) -> tuple[Phase, ...]:
+    """Steady work is one busy phase; bursty work alternates busy and idle (gpu-load has no
+    bursty phase kind), starting and ending busy."""
+    if not bursty or seconds <= params.burst_busy_s + params.burst_idle_s:
+        return (Phase("busy", seconds),)
+    phases: list[Phase] = []
+    left = seconds
+    while left > params.burst_busy_s + params.burst_idle_s:
+        phases += [Phase("busy", params.burst_busy_s), Phase("idle", params.burst_idle_s)]
+        left -= params.burst_busy_s + params.burst_idle_s
+    phases.append(Phase("busy", left))
+    return tuple(phases)
 
 
 def _secs(value: float) -> float:
@@ -477,8 +518,10 @@ def _override(params: GeneratorParams, key: str, text: str) -> GeneratorParams:
     if tail:
         if not isinstance(current, ClassParams):
             raise GeneratorError(f"generator parameter {head!r} has no field {tail!r}")
-        return dataclasses.replace(params, **{head: _override_class(current, key, tail, text)})
-    return dataclasses.replace(params, **{head: _coerce(key, current, text)})
+        changes: dict[str, Any] = {head: _override_class(current, key, tail, text)}
+        return dataclasses.replace(params, **changes)
+    changes = {head: _coerce(key, current, text)}
+    return dataclasses.replace(params, **changes)
 
 
 def _override_class(current: ClassParams, key: str, tail: str, text: str) -> ClassParams:
@@ -486,11 +529,13 @@ def _override_class(current: ClassParams, key: str, tail: str, text: str) -> Cla
     if head == "usage" and rest:
         if rest not in USAGE_KINDS:
             raise GeneratorError(f"unknown usage kind in {key!r}; use one of {', '.join(USAGE_KINDS)}")
-        usage = dataclasses.replace(current.usage, **{rest: _coerce(key, 0.0, text)})
+        weights: dict[str, Any] = {rest: _coerce(key, 0.0, text)}
+        usage = dataclasses.replace(current.usage, **weights)
         return dataclasses.replace(current, usage=usage)
     if head not in {f.name for f in dataclasses.fields(current)} or head == "usage":
         raise GeneratorError(f"unknown generator parameter {key!r}")
-    return dataclasses.replace(current, **{head: _coerce(key, getattr(current, head), text)})
+    fields: dict[str, Any] = {head: _coerce(key, getattr(current, head), text)}
+    return dataclasses.replace(current, **fields)
 
 
 def _coerce(key: str, current: object, text: str) -> object:

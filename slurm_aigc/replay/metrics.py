@@ -17,7 +17,9 @@ the reclaim audit trail says were recovered. Definitions (docs/replay.md):
 
 from __future__ import annotations
 
+import itertools
 import math
+import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -74,7 +76,7 @@ class RunMetrics:
     window_start_ts: float | None
     window_end_ts: float | None
     makespan_s: float
-    capacity_gpus: int
+    capacity_gpus: float
     allocated_gpu_s: float
     used_gpu_s: float
     allocation_ratio: float
@@ -95,7 +97,7 @@ class RunMetrics:
 def compute(
     outcomes: Sequence[JobOutcome],
     samples: Iterable[UsageSample],
-    capacity_gpus: int,
+    capacity_gpus: float,
     gpu_hours_reclaimed: float = 0.0,
     *,
     now_ts: float | None = None,
@@ -159,12 +161,20 @@ def allocated_gpu_s(outcome: JobOutcome, window_end: float | None) -> float:
 
 
 def used_gpu_s(samples: Iterable[UsageSample], start: float, end: float, max_gap_s: float = 60.0) -> float:
-    """Integrate per-GPU utilization (step function, each sample held until the next one of
-    that GPU, at most `max_gap_s`) over [start, end]; several samples of one GPU at the same
-    time (jobs sharing it) add up, capped at 100 %."""
+    """Integrate per-GPU utilization over [start, end].
+
+    A step function: each sample holds until that GPU's next sample, at most `max_gap_s`
+    (a longer gap means the agent was away: unknown, not used); the last sample holds for
+    the GPU's median poll interval. Samples of one GPU at the same time (jobs sharing it
+    through shards) add up, capped at 100 %.
+    """
     total = 0.0
     for series in _per_gpu(samples).values():
-        for (ts, util), next_ts in zip(series, [t for t, _ in series[1:]] + [math.inf]):
+        times = [ts for ts, _ in series]
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        last_hold = min(statistics.median(gaps), max_gap_s) if gaps else max_gap_s
+        ends = [*times[1:], times[-1] + last_hold]
+        for (ts, util), next_ts in zip(series, ends):
             hold_end = min(next_ts, ts + max_gap_s, end)
             hold_start = max(ts, start)
             if hold_end > hold_start:
@@ -181,7 +191,7 @@ def _per_gpu(samples: Iterable[UsageSample]) -> dict[tuple[str, int], list[tuple
 
 
 def utilization_timeline(
-    samples: Iterable[UsageSample], capacity_gpus: int, start: float, end: float, bin_s: float = 10.0
+    samples: Iterable[UsageSample], capacity_gpus: float, start: float, end: float, bin_s: float = 10.0
 ) -> list[tuple[float, float]]:
     """(seconds since start, used fraction of capacity) per `bin_s` bin, for the plot."""
     if end <= start or bin_s <= 0 or capacity_gpus <= 0:

@@ -15,7 +15,7 @@ import csv
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from slurm_aigc.errors import AigcError
@@ -297,4 +297,4 @@ def _timestamp(row: Mapping[str, str], column: str) -> float:
         parsed = datetime.strptime(raw, "%Y-%m-%d %H:%M:%S")
     except ValueError:
         raise _RowError(f"{column} {raw!r} is not YYYY-MM-DD HH:MM:SS") from None
-    return parsed.replace(tzinfo=timezone.utc).timestamp()
+    return parsed.replace(tzinfo=UTC).timestamp()

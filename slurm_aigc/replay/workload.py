@@ -23,7 +23,7 @@ FORMAT_VERSION = "1"
 _VERSION_KEY = "slurm-aigc workload"
 
 CLASSES = ("train", "finetune", "infer", "imagegen", "videogen", "audio", "batch", "interactive", "unknown")
-PHASES = ("loading", "busy", "bursty", "idle", "hung")
+PHASES = ("loading", "busy", "idle", "hung")  # `slurm-aigc gpu-load --profile-spec` phase kinds
 
 COLUMNS = (
     "name",
@@ -127,6 +127,8 @@ def parse_profile(spec: str) -> tuple[Phase, ...]:
     phases = []
     for part in text.split(","):
         kind, sep, seconds_text = part.strip().partition(":")
+        if kind == "repeat":
+            raise ValueError("'repeat' is not allowed: a workload job's profile must have an end")
         if not sep:
             raise ValueError(f"profile part {part.strip()!r} is not phase:seconds")
         if kind not in PHASES:
@@ -217,7 +219,7 @@ def parse_workload(text: str, source: str = "<workload>") -> Workload:
         jobs.append(job)
     if not jobs:
         raise WorkloadError(source, None, None, "no jobs")
-    jobs.sort(key=lambda j: (j.submit_offset_s, j.name))
+    jobs.sort(key=lambda j: j.submit_offset_s)  # stable: file order breaks ties
     return Workload(tuple(jobs), meta)
 
 
@@ -431,7 +433,7 @@ class ClassSummary:
     gpu_seconds_requested: float
     mean_duration_s: float
     shareable: int
-    with_idle: int
+    idle_tail: int
     hung: int
     over_allocated: int
 
@@ -452,7 +454,7 @@ def _summary(name: str, group: Sequence[WorkloadJob]) -> ClassSummary:
         gpu_seconds_requested=sum(j.gpus * min(j.duration_s, j.time_limit_s) for j in group),
         mean_duration_s=sum(j.duration_s for j in group) / len(group),
         shareable=sum(1 for j in group if j.share == "yes"),
-        with_idle=sum(1 for j in group if any(p.kind == "idle" for p in j.profile)),
+        idle_tail=sum(1 for j in group if j.profile[-1].kind == "idle"),
         hung=sum(1 for j in group if any(p.kind == "hung" for p in j.profile)),
         over_allocated=sum(1 for j in group if j.effective_gpus_used < j.gpus),
     )

@@ -148,7 +148,8 @@ class Aggregator:
         self._foreign_action_jobs: set[str] = set()
         self._segments: dict[str, int] = {}
         self._last_key: dict[str, tuple[str, ...]] = {}
-        self._bin_s = max(60.0, math.ceil((params.until_ts - params.since_ts) / _UTIL_BINS / 60.0) * 60.0)
+        # About _UTIL_BINS points per plot, in whole 10 s steps (at least one agent poll).
+        self._bin_s = max(10.0, math.ceil((params.until_ts - params.since_ts) / _UTIL_BINS / 10.0) * 10.0)
 
     # -- records ---------------------------------------------------------------------
     def add_rows(self, rows: Iterable[JobRecord | SkippedRow]) -> None:

@@ -55,13 +55,22 @@ def fmt_duration(seconds: float | None) -> str:
     return f"{total // 86400}d{total % 86400 // 3600:02d}h"
 
 
+def fmt_hours(hours: float) -> str:
+    """GPU-hours with the precision a short test job still shows: 0, 0.0123, 4.50, 1234.5."""
+    if hours == 0:
+        return "0"
+    if abs(hours) < 1:
+        return f"{hours:.4f}"
+    return f"{hours:.2f}" if abs(hours) < 1000 else f"{hours:.1f}"
+
+
 def _cell(kind: str, value: Any) -> str:
     if kind == "int":
         return str(value)
     if kind == "hours":
-        return f"{value:.2f}"
+        return fmt_hours(value)
     if kind == "used":
-        return "no samples" if value is None else f"{value:.2f}"
+        return "no samples" if value is None else fmt_hours(value)
     if kind == "pct":
         return "-" if value is None else f"{100.0 * value:.0f}%"
     return fmt_duration(value)
@@ -141,8 +150,7 @@ def report_dict(report: Report) -> dict[str, Any]:
 def _group_dict(group: GroupFigures, group_by: Sequence[str]) -> dict[str, Any]:
     data = asdict(group)
     key = data.pop("key")
-    data["group"] = dict(zip(group_by, key, strict=True)) if group_by else {}
-    return data
+    return {"group": dict(zip(group_by, key, strict=True)) if group_by else {}, **data}
 
 
 def _skipped_dict(row: SkippedRow) -> dict[str, Any]:
@@ -224,7 +232,9 @@ def _plot_alloc_used(ax: Any, report: Report) -> None:
 def _plot_waits(ax: Any, report: Report) -> None:
     waits_min = [w / 60.0 for w in report.queue_waits_s]
     if waits_min:
-        ax.hist(waits_min, bins=min(30, max(5, len(waits_min) // 2)))
+        top = max(max(waits_min), 1.0)
+        ax.hist(waits_min, bins=min(30, max(5, len(waits_min) // 2)), range=(0.0, top))
+        ax.set_xlim(0.0, top)
     else:
         ax.text(0.5, 0.5, "no started jobs", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("queue wait (minutes)")
@@ -362,6 +372,8 @@ def job_plot(view: JobView, tz: tzinfo | None = None) -> bytes:
         top.set_ylabel("SM util %")
         top.set_ylim(0, 105)
         bottom.set_ylabel("memory used MiB")
+        totals = [s.memory_total_mib for s in view.series if s.memory_total_mib]
+        bottom.set_ylim(0, max(totals) if totals else None)
         top.set_title(f"Job {view.job_id}: per-GPU utilization and memory")
         if view.series:
             top.legend(fontsize="small")
@@ -377,10 +389,10 @@ def job_plot(view: JobView, tz: tzinfo | None = None) -> bytes:
 def render_job_html(view: JobView, tz: tzinfo | None = None) -> str:
     head = "".join(f"<p>{html.escape(line)}</p>" for line in _job_head(view)[1:])
     parts = [f"<h1>Job {html.escape(view.job_id)}</h1>", head,
-             _html_table(_SEGMENT_HEADER, _segment_rows(view, tz), 1),
+             _html_table(_SEGMENT_HEADER, _segment_rows(view, tz), len(_SEGMENT_HEADER)),
              _img("per_gpu.png", job_plot(view, tz)) if view.series else "<p>No GPU samples for this job.</p>",
              "<h2>Verdicts and actions</h2>",
-             _html_table(_ACTION_HEADER, _action_rows(view.actions, tz), 1) if view.actions else "<p>none</p>"]
+             _html_table(_ACTION_HEADER, _action_rows(view.actions, tz), len(_ACTION_HEADER)) if view.actions else "<p>none</p>"]
     return _page(f"Job {view.job_id}", "".join(parts))
 
 

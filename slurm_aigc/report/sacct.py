@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, tzinfo
 from typing import Protocol
 
@@ -110,7 +110,7 @@ Row = JobRecord | SkippedRow
 
 @dataclass(frozen=True)
 class SacctQuery:
-    """`sacct -S SINCE -E UNTIL [-u ..] [-A ..] [-r ..]`; classes are filtered here, not by sacct."""
+    """`sacct -S SINCE -E UNTIL [-u ..] [-A ..] [-r ..] [--name ..]`; classes are filtered here, not by sacct."""
 
     since: datetime
     until: datetime
@@ -118,6 +118,7 @@ class SacctQuery:
     accounts: tuple[str, ...] = ()
     partitions: tuple[str, ...] = ()
     job_ids: tuple[str, ...] = ()
+    names: tuple[str, ...] = ()
     classes: tuple[str, ...] = field(default=())
 
 
@@ -145,6 +146,8 @@ def sacct_args(start: datetime, end: datetime, query: SacctQuery) -> list[str]:
         args.append(f"--partition={','.join(query.partitions)}")
     if query.job_ids:
         args.append(f"--jobs={','.join(query.job_ids)}")
+    if query.names:
+        args.append(f"--name={','.join(query.names)}")
     return args
 
 
@@ -327,3 +330,37 @@ def filter_classes(rows: Iterable[Row], classes: Sequence[str]) -> Iterator[Row]
     for row in rows:
         if not classes or isinstance(row, SkippedRow) or row.aigc_class in classes:
             yield row
+
+
+class _HasComments(Protocol):
+    @property
+    def comment(self) -> str: ...
+
+    @property
+    def admin_comment(self) -> str: ...
+
+
+class JobLookup(Protocol):
+    """`SlurmCli.job` (scontrol show job): slurmctld's view of a job it still remembers."""
+
+    def job(self, job_id: str) -> _HasComments | None: ...
+
+
+def with_live_comments(rows: Iterable[Row], slurm: JobLookup) -> Iterator[Row]:
+    """Fill in the comments of running jobs from slurmctld.
+
+    slurmdbd 22.05 stores a job's comment when the job ends (a job that started at once
+    shows an empty Comment in sacct while it runs), so its AIGC class would read as
+    unknown; `scontrol show job` has it.
+    """
+    for row in rows:
+        if isinstance(row, JobRecord) and row.end_ts is None and not (row.comment or row.admin_comment):
+            live = slurm.job(row.job_id_raw)
+            if live is not None and (live.comment or live.admin_comment):
+                row = replace(row, comment=live.comment, admin_comment=live.admin_comment,
+                              aigc_class=aigc_class_of(live.comment, live.admin_comment))
+        yield row
+
+
+class ReportSlurm(SacctRunner, JobLookup, Protocol):
+    """What reports need of `slurm_aigc.slurm.SlurmCli`: `run("sacct", ...)` and `job(id)`."""

@@ -1,10 +1,13 @@
 """GPU process -> Slurm job, and per-job per-GPU usage from one node reading.
 
-Production order (what Princeton's jobstats and NVIDIA DCGM's Slurm integration do):
-the pid's cgroup path first (`/proc/<pid>/cgroup`, written by Slurm's cgroup plugin),
-then Slurm's own lookup (`scontrol pidinfo <pid>`, which asks slurmd). Results are
-cached per (pid, process start time) for `ttl_s`, so a reused pid is never mistaken for
-the old process and `scontrol` is not run for every process at every poll.
+Lookup order: the pid's cgroup path (`/proc/<pid>/cgroup`, written by Slurm's cgroup
+plugin, what Princeton's jobstats relies on); then the pid's ancestry, as
+`proctrack/linuxproc` itself tracks jobs: the nearest root-owned `slurmstepd` ancestor
+names its step in its command line (`slurmstepd: [123.batch]`); then Slurm's own
+lookup (`scontrol pidinfo <pid>`, which asks the slurmd of this host and so fails when
+several slurmd share a host, as on the local cluster). Results are cached per (pid,
+process start time) for `ttl_s`, so a reused pid is never mistaken for the old process
+and `scontrol` is not run for every process at every poll.
 
 Splitting a shared GPU (shards, MPS, or several jobs on one GPU) between jobs:
 each job's memory is the sum of its processes' memory. The GPU's SM utilization (the
@@ -49,6 +52,50 @@ def job_from_cgroup(cgroup_text: str) -> str | None:
     return None
 
 
+_STEPD_RE = re.compile(r"^slurmstepd: \[(\d+)(?:\+\d+)?\.[^\]]+\]")
+
+
+def job_from_stepd_cmdline(cmdline: str) -> str | None:
+    """Job id from a slurmstepd command line (`slurmstepd: [123.batch]`, `[123.0]`), or None."""
+    match = _STEPD_RE.match(cmdline.replace("\0", " ").strip())
+    return match.group(1) if match else None
+
+
+def job_from_ancestry(proc_root: Path, pid: int, max_depth: int = 64) -> str | None:
+    """Walk parent pids up to the nearest `slurmstepd` owned by root; its step names the job.
+
+    Requiring uid 0 keeps a user's process renamed to `slurmstepd` from claiming a job.
+    """
+    current = pid
+    for _ in range(max_depth):
+        stat = _read(proc_root / str(current) / "stat")
+        if stat is None or current <= 1:
+            return None
+        fields = stat[stat.rfind(")") + 2 :].split()
+        comm = stat[stat.find("(") + 1 : stat.rfind(")")]
+        if comm == "slurmstepd" and _uid(proc_root, current) == 0:
+            return job_from_stepd_cmdline(_read(proc_root / str(current) / "cmdline") or "")
+        try:
+            current = int(fields[1])
+        except (IndexError, ValueError):
+            return None
+    return None
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+def _uid(proc_root: Path, pid: int) -> int | None:
+    for line in (_read(proc_root / str(pid) / "status") or "").splitlines():
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+    return None
+
+
 class PidLookup(Protocol):
     """The part of `slurm_aigc.slurm.SlurmCli` the Attributor uses."""
 
@@ -65,7 +112,7 @@ class _Entry:
 
 
 class Attributor:
-    """pid -> job id: cgroup first, then `scontrol pidinfo`; cached with an expiry."""
+    """pid -> job id: cgroup, then slurmstepd ancestry, then `scontrol pidinfo`; cached."""
 
     def __init__(
         self,
@@ -98,11 +145,9 @@ class Attributor:
         return {pid: self.job_of(pid) for pid in pids}
 
     def _lookup(self, pid: int) -> str | None:
-        try:
-            text = (self.proc_root / str(pid) / "cgroup").read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            text = ""
-        job_id = job_from_cgroup(text)
+        job_id = job_from_cgroup(_read(self.proc_root / str(pid) / "cgroup") or "")
+        if job_id is None:
+            job_id = job_from_ancestry(self.proc_root, pid)
         if job_id is not None or self.slurm is None:
             return job_id
         try:

@@ -20,6 +20,7 @@ from slurm_aigc.validation import Node, get, mapping, optional, string_list
 
 DEFAULT_CONFIG_PATH = "/etc/slurm-aigc/slurm-aigc.yaml"
 DEFAULT_SIMGPU_DIR = "/var/lib/slurm-aigc/simgpu"
+DEFAULT_PUBLISHED_FEATURES_FILE = "/var/lib/slurm-aigc/published-features.txt"
 BACKENDS = ("nvml", "sim")
 
 DEFAULT_AGENT_YAML = """\
@@ -42,6 +43,9 @@ scoring:
   publish_nvfree: true       # nvfree<N>: largest free NVLink-connected GPU set
   publish_models: true       # model_<id>: models served on the node
   serving_classes: [infer, serve]   # job classes whose model=... counts as serving
+  # model_<id> features on some node, one per line, for the job_submit hook's --prefer
+  # (must be the hook's rewrites.model_prefer.published_features_file); null: do not write
+  published_features_file: /var/lib/slurm-aigc/published-features.txt
   policies:                  # plugin name: weight (scores are weighted and averaged)
     cool_first: 1
     pack_keep_islands: 1
@@ -72,6 +76,7 @@ class ScoringConfig:
     publish_nvfree: bool = True
     publish_models: bool = True
     serving_classes: tuple[str, ...] = ("infer", "serve")
+    published_features_file: str | None = None  # the YAML's default is DEFAULT_PUBLISHED_FEATURES_FILE
     policies: Mapping[str, float] | None = None
 
     def policy_weights(self) -> Mapping[str, float]:
@@ -103,7 +108,7 @@ def parse_agent_section(node: Node) -> AgentConfig:
 def parse_scoring_section(node: Node) -> ScoringConfig:
     """Read `scoring:`; plugin names must be registered in `scoring.SCORERS`."""
     allowed = {"interval_s", "window_s", "weight_min", "weight_max", "hysteresis", "publish_nvfree",
-               "publish_models", "serving_classes", "policies"}
+               "publish_models", "serving_classes", "policies", "published_features_file"}
     mapping(node, allowed)
     node = _as_mapping(node)
     default = ScoringConfig()
@@ -124,6 +129,7 @@ def parse_scoring_section(node: Node) -> ScoringConfig:
         publish_nvfree=get(node, "publish_nvfree", bool, default.publish_nvfree),
         publish_models=get(node, "publish_models", bool, default.publish_models),
         serving_classes=serving,
+        published_features_file=_published_file(node, DEFAULT_PUBLISHED_FEATURES_FILE),
         policies=_policies(node) if node.value.get("policies") is not None else None,
     )
 
@@ -141,6 +147,15 @@ def _policies(node: Node) -> Mapping[str, float]:
             raise child.child(name).error(f"expected a non-negative weight, got {weight}")
         result[str(name)] = weight
     return result
+
+
+def _published_file(node: Node, default: str | None) -> str | None:
+    if "published_features_file" not in node.value:
+        return default
+    path = optional(node, "published_features_file", str)
+    if path is not None and not path.startswith("/"):
+        raise node.child("published_features_file").error(f"expected an absolute path, got {path!r}")
+    return path
 
 
 def _positive(node: Node, key: str, default: float) -> float:

@@ -60,19 +60,27 @@ def gres_gpu_total(gres: str) -> int:
 def gres_busy_gpus(gres_used: str) -> tuple[int, frozenset[int]]:
     """(GPUs allocated, known busy indices) from `GresUsed`.
 
-    A GPU is busy when it is allocated whole (`gpu:a100:2(IDX:0-1)`) or when any of its
-    shards is (`shard:a100:8(8/80,0/80,...)`, one used/total pair per GPU in index order):
-    Slurm gives a GPU as a gpu or as shards, never both at once.
+    A GPU is busy when it is allocated whole (`gpu:a100:2(IDX:1-2)`) or when any of its
+    shards is (`shard:a100:1(IDX:0)` on Slurm 22.05; older releases print one used/total
+    pair per GPU, `shard:a100:8(8/80,0/80,...)`): Slurm gives a GPU as a gpu or as
+    shards, never both at once.
     """
     whole, busy = 0, set[int]()
     for name, count, detail in map(_gres_parts, split_gres(gres_used)):
         if name == "gpu":
             whole += count
-            if detail.startswith("IDX:"):
-                busy |= parse_index_list(detail[4:])
-        elif name == "shard" and detail:
-            busy |= {i for i, pair in enumerate(detail.split(",")) if pair.split("/")[0].strip() not in ("", "0")}
+        if name in ("gpu", "shard"):
+            busy |= used_indices(detail)
     return max(whole, len(busy)), frozenset(busy)
+
+
+def used_indices(detail: str) -> frozenset[int]:
+    """GPU indices in use from the parenthesised part: `IDX:0-1,4` or `8/80,0/80,...`."""
+    if detail.startswith("IDX:"):
+        return parse_index_list(detail[4:])
+    if "/" in detail:
+        return frozenset(i for i, pair in enumerate(detail.split(",")) if pair.split("/")[0].strip() not in ("", "0"))
+    return frozenset()
 
 
 # One node's part of a job in `scontrol -d show job -o` (the line holds one per node range).
@@ -82,18 +90,14 @@ _JOB_NODE_GRES_RE = re.compile(r"\bNodes=(\S+) CPU_IDs=\S* Mem=\S* GRES=(\S*)")
 def job_gres_by_nodes(job_line: str) -> list[tuple[str, frozenset[int]]]:
     """(node list, GPU indices) per `Nodes=... GRES=gpu:a100:2(IDX:0-1)` of one job line.
 
-    GPUs held through shards count too (`GRES=shard:a100:10(IDX:0)` or per-GPU counts).
+    GPUs held through shards count too (`GRES=shard:10(IDX:0)`).
     """
     found = []
     for match in _JOB_NODE_GRES_RE.finditer(job_line):
         indices: set[int] = set()
         for name, _count, detail in map(_gres_parts, split_gres(match.group(2))):
-            if name not in ("gpu", "shard"):
-                continue
-            if detail.startswith("IDX:"):
-                indices |= parse_index_list(detail[4:])
-            elif "/" in detail:
-                indices |= {i for i, pair in enumerate(detail.split(",")) if pair.split("/")[0].strip() not in ("", "0")}
+            if name in ("gpu", "shard"):
+                indices |= used_indices(detail)
         found.append((match.group(1), frozenset(indices)))
     return found
 

@@ -247,6 +247,7 @@ class LoadRun:
         clock: Callable[[], float],
         pid: int | None = None,
         proc_root: Path = Path("/proc"),
+        wait: Callable[[float], object] | None = None,
     ) -> None:
         self.plan = plan
         self.simgpu_dir = simgpu_dir
@@ -255,6 +256,8 @@ class LoadRun:
         self.start_ticks = process_start_ticks(proc_root, self.pid)
         self.stop = threading.Event()
         self.checkpoints = 0
+        # Tests pass a wait that advances a fake clock; in production it is the stop Event.
+        self._wait = wait or self.stop.wait
 
     def install_signal_handlers(self) -> None:
         """SIGTERM/SIGINT stop the run; SIGUSR1 is a checkpoint request (logged, run goes on)."""
@@ -284,7 +287,7 @@ class LoadRun:
                     write_proc_load(self.simgpu_dir, self.plan.node, load)
                     LOG.info("gpu-load: phase %s on GPUs %s", load.phase, [g.index for g in load.gpus])
                     last = load
-                self.stop.wait(self._wait_s(t))
+                self._wait(self._wait_s(t))
         finally:
             self._remove_file()
 

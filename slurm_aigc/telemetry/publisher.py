@@ -19,10 +19,12 @@ features and the agent's static ones are never dropped.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from slurm_aigc.slurm import (
     JobInfo,
@@ -63,10 +65,10 @@ _RUNNING_STATES = frozenset({"RUNNING"})
 
 
 def parse_comment_tags(comment: str) -> dict[str, str]:
-    """`... aigc:class=infer,model=llama3-8b ...` -> {'class': 'infer', 'model': 'llama3-8b'}.
+    """`... aigc:type=infer,model=llama3-8b ...` -> {'type': 'infer', 'model': 'llama3-8b'}.
 
-    Only `key=value` pairs inside an `aigc:` tag count (plus a separate `aigc_class=X`);
-    everything else in the comment, however malformed, is ignored.
+    Only `key=value` pairs inside an `aigc:` tag count (plus a separate `aigc_class=X`,
+    read as `class`); everything else in the comment, however malformed, is ignored.
     """
     tags: dict[str, str] = {}
     for match in _TAG_RE.finditer(comment or ""):
@@ -86,7 +88,7 @@ def served_model(job: JobInfo, serving_classes: Iterable[str]) -> str | None:
     model = tags.get("model")
     if not model:
         return None
-    job_class = tags.get("class")
+    job_class = tags.get("type") or tags.get("class")  # the hook writes type=; class= is accepted
     if job_class is not None and job_class not in set(serving_classes):
         return None
     return model
@@ -241,6 +243,30 @@ def plan_cycle(
 # --------------------------------------------------------------------------- the daemon part
 
 
+def model_features(nodes: Sequence[NodeInfo], plans: Sequence[NodePlan], keep_only_unchanged: bool) -> frozenset[str]:
+    """`model_*` features on the nodes once `plans` are applied.
+
+    With `keep_only_unchanged`, only those present both before and after (safe to list
+    while the writes are under way).
+    """
+    after = {plan.node: plan.features_after for plan in plans if plan.features_after is not None}
+    found: set[str] = set()
+    for node in nodes:
+        before = {f for f in node.available_features if f.startswith("model_")}
+        new = {f for f in after.get(node.name, node.available_features) if f.startswith("model_")}
+        found |= (before & new) if keep_only_unchanged else new
+    return frozenset(found)
+
+
+def write_lines_atomically(path: Path, lines: Sequence[str]) -> None:
+    """Replace `path` by `lines` (temp file + rename), world-readable for slurmctld's hook."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temp.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    temp.chmod(0o644)
+    os.replace(temp, path)
+
+
 def detailed_nodes(slurm: SlurmCli) -> list[NodeInfo]:
     """`scontrol -d show node -o`: `SlurmCli.nodes()` plus `GresUsed`, which only `-d` prints."""
     text = slurm.run("scontrol", ["-d", "show", "node", "-o"]).stdout
@@ -266,10 +292,14 @@ class Publisher:
         self._dry_run = dry_run
         self._clock = clock
         self._islands_of = islands_of
+        # Islands last seen in each node's `nvlink<N>` feature: after `scontrol reconfigure`
+        # the agent's feature is gone for up to `feature_check_s`, the wiring is not.
+        self._islands_seen: dict[str, list[list[int]]] = {}
         self._last_weights: dict[str, int] | None = None
         # Dry-run only: the dynamic features and weight we would have written per node, laid
         # over Slurm's view so that each would-be change is logged once.
         self._simulated: dict[str, tuple[tuple[str, ...] | None, int | None]] = {}
+        self._listed: dict[str, frozenset[str]] = {}
 
     def set_config(self, config: ScoringConfig) -> None:
         """Use a new (already validated) scoring config from the next cycle on (SIGHUP)."""
@@ -283,9 +313,31 @@ class Publisher:
         nodes = [self._overlay(node) for node in detailed_nodes(self._slurm)]
         jobs = self._slurm.jobs()
         utils = self._store.mean_util_by_node(now - self.config.window_s)
-        plans = plan_cycle(nodes, jobs, utils, self._last_weights, self.config, self._islands_of)
-        applied = [self._apply(plan, now) for plan in plans]
-        return [plan for plan in applied if plan is not None]
+        self._remember_islands(nodes)
+        plans = plan_cycle(nodes, jobs, utils, self._last_weights, self.config, self._islands)
+        # The hook may --prefer only features some node has (else Slurm rejects the job):
+        # unlist a vanishing model before Slurm loses it, list a new one once Slurm has it.
+        self._list_models(model_features(nodes, plans, keep_only_unchanged=True))
+        applied = [plan for plan in (self._apply(plan, now) for plan in plans) if plan is not None]
+        self._list_models(model_features(nodes, applied, keep_only_unchanged=False))
+        return applied
+
+    def _list_models(self, names: frozenset[str]) -> None:
+        """Write `published_features_file` (one feature per line) when its content changes."""
+        path = self.config.published_features_file
+        if self._dry_run or path is None or names == self._listed.get(path):
+            return
+        write_lines_atomically(Path(path), sorted(names))
+        self._listed[path] = names
+
+    def _remember_islands(self, nodes: Sequence[NodeInfo]) -> None:
+        for node in nodes:
+            if any(_NVLINK_SIZE_RE.match(f) for f in node.available_features):
+                self._islands_seen[node.name] = islands_from_features(gres_gpu_total(node.gres), node.available_features)
+
+    def _islands(self, name: str) -> Sequence[Sequence[int]] | None:
+        known = self._islands_of(name) if self._islands_of else None
+        return known if known is not None else self._islands_seen.get(name)
 
     def _apply(self, plan: NodePlan, now: float) -> NodePlan | None:
         if self._dry_run:

@@ -386,11 +386,17 @@ Legend:
 
 
 def open_backend(kind: Literal["nvml", "sim"], node: str, simgpu_dir: Path | None = None) -> GpuBackend:
-    """The backend named by the agent config: real NVML, or simulated GPUs for `node`."""
+    """The backend named by the agent config: real NVML, or simulated GPUs for `node`.
+
+    NVML is started here, so a missing library or driver is NvmlUnavailableError at
+    start-up rather than at the first poll.
+    """
     if kind == "sim":
         return SimGpuBackend(node, simgpu_dir)
     if kind == "nvml":
         from slurm_aigc.telemetry.nvml import NvmlBackend
 
-        return NvmlBackend(node)
+        backend = NvmlBackend(node)
+        backend.start()
+        return backend
     raise ValueError(f"unknown GPU backend {kind!r} (use nvml or sim)")

@@ -20,7 +20,7 @@ class FakeNode:
     gres: str = "gpu:a100:8,shard:a100:640"
     features: list[str] = field(default_factory=list)
     weight: int = 1
-    gres_used: str = "gpu:a100:0(IDX:N/A),shard:a100:0(0/80,0/80,0/80,0/80,0/80,0/80,0/80,0/80)"
+    gres_used: str = "gpu:a100:0(IDX:N/A),shard:a100:0(IDX:N/A)"  # Slurm 22.05 `scontrol -d`
     alloc_gpus: int = 0
     conf_features: list[str] = field(default_factory=list)
     conf_weight: int = 1

@@ -8,7 +8,11 @@ from typing import Any
 import pytest
 
 from slurm_aigc.errors import ConfigError
-from slurm_aigc.reclaim.config import ReclaimConfig, load_reclaim_config, parse_reclaim_section
+from slurm_aigc.reclaim.config import (
+    ReclaimConfig,
+    load_reclaim_config,
+    parse_reclaim_section,
+)
 from slurm_aigc.validation import Node
 
 REPO = Path(__file__).resolve().parents[2]
@@ -77,7 +81,7 @@ def test_signal_name_is_normalised() -> None:
 
 
 def test_explicit_missing_file_is_an_error(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="file not found"):
+    with pytest.raises(ConfigError, match="no such file"):
         load_reclaim_config(tmp_path / "nope.yaml")
 
 

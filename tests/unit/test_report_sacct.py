@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -20,11 +20,11 @@ from slurm_aigc.report.sacct import (
     parse_sacct_output,
     sacct_args,
     windows,
+    with_live_comments,
 )
 from slurm_aigc.slurm import CommandResult, SlurmCli
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sacct"
-UTC = timezone.utc
 
 
 def fixture_text(name: str) -> str:
@@ -108,7 +108,7 @@ def test_no_row_is_dropped_silently(name: str) -> None:
     text = fixture_text(name)
     records, skipped = parse(name)
     physical = text.rstrip("\n").split("\n")
-    record_lines = sum(len([r.job_id]) + r.comment.count("\n") + r.name.count("\n") for r in records)
+    record_lines = sum(1 + r.comment.count("\n") + r.name.count("\n") for r in records)
     skipped_lines = sum(1 + s.raw.count("\n") for s in skipped)
     assert 1 + record_lines + skipped_lines == len(physical)
 
@@ -163,9 +163,10 @@ def test_aigc_class(comments: tuple[str, str], expected: str) -> None:
 
 
 def test_sacct_args() -> None:
-    query = SacctQuery(since=datetime(2026, 11, 30), until=datetime(2026, 12, 1), users=("aigc-alice",), partitions=("gpu",))
+    query = SacctQuery(since=datetime(2026, 11, 30), until=datetime(2026, 12, 1), users=("aigc-alice",), partitions=("gpu",),
+                       names=("a", "b"))
     args = sacct_args(query.since, query.until, query)
-    assert {"--allocations", "--duplicates", "--parsable2", "--noconvert", "--user=aigc-alice", "--partition=gpu"} <= set(args)
+    assert {"--allocations", "--duplicates", "--parsable2", "--noconvert", "--user=aigc-alice", "--partition=gpu", "--name=a,b"} <= set(args)
     assert f"--delimiter={DELIMITER}" in args
     assert f"--format={','.join(FIELDS)}" in args
     assert "--starttime=2026-11-30T00:00:00" in args and "--endtime=2026-12-01T00:00:00" in args
@@ -203,10 +204,10 @@ class FakeSacct:
 
 def test_reader_reads_by_window_and_yields_each_record_once() -> None:
     jobs = [
-        dict(JobID="1", JobIDRaw="1", Submit="2026-11-29T20:00:00", Start="2026-11-29T22:00:00", End="2026-11-30T02:00:00"),
-        dict(JobID="2", JobIDRaw="2", Submit="2026-11-30T10:00:00", Start="2026-11-30T23:00:00", End="2026-12-02T01:00:00"),
-        dict(JobID="3", JobIDRaw="3", Submit="2026-12-01T05:00:00", Start="2026-12-01T05:00:00", End="Unknown"),
-        dict(JobID="4", JobIDRaw="4", Submit="2026-12-01T07:00:00", Start="Unknown", End="Unknown"),
+        {"JobID": "1", "JobIDRaw": "1", "Submit": "2026-11-29T20:00:00", "Start": "2026-11-29T22:00:00", "End": "2026-11-30T02:00:00"},
+        {"JobID": "2", "JobIDRaw": "2", "Submit": "2026-11-30T10:00:00", "Start": "2026-11-30T23:00:00", "End": "2026-12-02T01:00:00"},
+        {"JobID": "3", "JobIDRaw": "3", "Submit": "2026-12-01T05:00:00", "Start": "2026-12-01T05:00:00", "End": "Unknown"},
+        {"JobID": "4", "JobIDRaw": "4", "Submit": "2026-12-01T07:00:00", "Start": "Unknown", "End": "Unknown"},
     ]
     fake = FakeSacct(jobs)
     reader = SacctReader(SlurmCli(runner=fake), tz=UTC, chunk=timedelta(hours=12))
@@ -223,3 +224,36 @@ def test_reader_raises_on_sacct_failure() -> None:
     reader = SacctReader(SlurmCli(runner=failing), tz=UTC)
     with pytest.raises(SlurmCommandError, match="Problem talking to the database"):
         list(reader.rows(SacctQuery(since=datetime(2026, 11, 30), until=datetime(2026, 12, 1))))
+
+
+def test_recorded_22_05_output_of_the_local_cluster() -> None:
+    """Recorded from the local cluster's slurmdbd (Debian 12, Slurm 22.05.8) with our exact arguments."""
+    records, skipped = parse("sacct-22.05-recorded.txt")
+    assert skipped == []
+    states = [(r.job_id, r.state) for r in records]
+    assert [s for j, s in states if j == "915"] == ["REQUEUED", "COMPLETED"]  # requeued: two records
+    never_started = next(r for r in records if r.job_id == "920")
+    assert (never_started.state, never_started.start_ts, never_started.node_list) == ("CANCELLED", None, "")
+    running = next(r for r in records if r.job_id == "2100")
+    assert running.running and running.tres.shards == 8
+    piped = next(r for r in records if r.job_id == "919")
+    assert piped.name == "rec|pipe" and piped.comment == "run|with|pipes\nsecond line aigc:type=infer"
+    assert piped.aigc_class == "infer"
+    assert next(r for r in records if r.job_id == "73").tres.gpus == 0
+
+
+def test_running_jobs_take_their_comment_from_slurmctld() -> None:
+    """22.05's slurmdbd has no comment for a job that started at once until it ends."""
+    records, _ = parse("sacct-22.05-recorded.txt")
+    asked: list[list[str]] = []
+
+    def scontrol(argv: Sequence[str], timeout_s: float, stdin: str | None = None) -> CommandResult:
+        asked.append(list(argv))
+        line = f"JobId={argv[-1]} JobName=rec-long UserId=root(0) JobState=RUNNING Comment=aigc:type=infer AdminComment=(null)"
+        return CommandResult(tuple(argv), 0, line + "\n", "")
+
+    enriched = list(with_live_comments(records, SlurmCli(runner=scontrol)))
+    running = next(r for r in enriched if isinstance(r, JobRecord) and r.job_id == "2100")
+    assert (running.comment, running.aigc_class) == ("aigc:type=infer", "infer")
+    assert asked == [["scontrol", "show", "job", "-o", "2100"]]  # finished jobs keep sacct's comment
+    assert [r.job_id for r in enriched if isinstance(r, JobRecord)] == [r.job_id for r in records]

@@ -6,7 +6,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slurm_aigc.report.tres import MIXED, NO_GPU, UNTYPED, TresParseError, gpu_equivalents, gpu_type_of, parse_tres
+from slurm_aigc.report.tres import (
+    MIXED,
+    NO_GPU,
+    UNTYPED,
+    TresParseError,
+    gpu_equivalents,
+    gpu_type_of,
+    parse_tres,
+)
 
 SHARDS = {"a100": 80, "t4": 16}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -32,66 +33,66 @@ def singletons(n: int) -> list[list[int]]:
 
 # Verified by hand against each file. links: (a, b, code); gpu: (index, cpu_affinity, numa_affinity).
 SHARED_EXPECTED: dict[str, dict[str, Any]] = {
-    "4gpu-mlx4_0-soc-legend-tabs-tensorflow-gdr.txt": dict(
-        nics=["mlx4_0"], islands=singletons(4), links=[("GPU0", "GPU1", "PHB"), ("GPU0", "GPU2", "SYS"), ("GPU2", "mlx4_0", "PHB")],
-        gpu=(2, "6-11", None)),
-    "8gpu-pcie-allsys-tabs-gpunumaid.txt": dict(
-        nics=[], islands=singletons(8), links=[("GPU0", "GPU7", "SYS")], gpu=(7, "16-31,48-63", "1")),
-    "a100-sxm4-8gpu-3nic-bond-drv550-gpu-operator.txt": dict(
-        nics=["mlx5_0", "mlx5_3", "mlx5_bond_0"], islands=ALL8,
-        links=[("GPU0", "GPU7", "NV12"), ("GPU0", "mlx5_0", "PXB"), ("GPU4", "mlx5_bond_0", "NODE"), ("mlx5_3", "mlx5_bond_0", "NODE")],
-        gpu=(4, "32-63,96-127", "1")),
-    "a6000-1gpu-3nic-ansi-collapsed-sglang.txt": dict(
-        nics=["mlx5_2", "mlx5_3", "mlx5_bond_0"], islands=[[0]],
-        links=[("GPU0", "mlx5_2", "NODE"), ("GPU0", "mlx5_bond_0", "SYS"), ("mlx5_2", "mlx5_3", "PIX")], gpu=(0, "16-31", "1")),
-    "alcf-polaris-4xA100-nv4-2nic-tabs.txt": dict(
-        nics=["mlx5_0", "mlx5_1"], islands=[[0, 1, 2, 3]],
-        links=[("GPU3", "mlx5_0", "PHB"), ("GPU1", "mlx5_1", "PHB"), ("GPU0", "mlx5_0", "SYS")], gpu=(0, "24-31,56-63", "3")),
-    "aws-g6e-12xlarge-4xL40S-node.txt": dict(
-        nics=[], islands=singletons(4), links=[("GPU0", "GPU3", "NODE")], gpu=(3, "0-47", "0")),
-    "aws-p4d-24xlarge-8xA100-nv12.txt": dict(
-        nics=[], islands=ALL8, links=[("GPU3", "GPU4", "NV12")], gpu=(4, "24-47,72-95", "1")),
-    "azure-nv12-2xM60-soc-nolegend-misaligned.txt": dict(
-        nics=[], islands=singletons(2), links=[("GPU0", "GPU1", "SYS")], gpu=(1, "0-11", None)),
-    "dgx1-p100-nv1-4nic-soc-tabs-mangled-header-sharc.txt": dict(
-        nics=["mlx5_0", "mlx5_2", "mlx5_1", "mlx5_3"], islands=ALL8,
-        links=[("GPU0", "GPU4", "NV1"), ("GPU0", "GPU5", "SYS"), ("GPU0", "mlx5_0", "PIX"), ("GPU0", "mlx5_1", "PHB"), ("mlx5_2", "mlx5_3", "PHB")],
-        gpu=(7, "1-1", None)),
-    "dgx1-v100-mlx5_0-drv440-oneflow.txt": dict(
-        nics=["mlx5_0"], islands=ALL8, links=[("GPU0", "GPU3", "NV2"), ("GPU0", "GPU5", "SYS"), ("GPU2", "mlx5_0", "PIX")],
-        gpu=(5, "12-23,36-47", None)),
-    "h100-6gpu-2nic-nv18-go-comment.txt": dict(
-        nics=["mlx5_0", "mlx5_1"], islands=[[0, 1, 2, 3, 4, 5]], links=[("GPU5", "mlx5_1", "SYS"), ("mlx5_0", "mlx5_1", "PIX")],
-        gpu=(3, "48-95,144-191", "1")),
-    "h100-sxm-8gpu-nv18-nonic.txt": dict(nics=[], islands=ALL8, links=[("GPU0", "GPU7", "NV18")], gpu=(0, "0-47,96-143", "0")),
-    "hgx-a100-epyc7763-mlx5_0-drv495-slurm-pleiades.txt": dict(
-        nics=["mlx5_0"], islands=ALL8, links=[("GPU2", "mlx5_0", "PXB"), ("GPU0", "mlx5_0", "SYS")], gpu=(4, "112-127", "7")),
-    "ibm-minsky-power8-4xP100-nv2-2nic-soc.txt": dict(
-        nics=["mlx5_0", "mlx5_1"], islands=[[0, 1], [2, 3]],
-        links=[("GPU0", "GPU1", "NV2"), ("GPU1", "GPU2", "SYS"), ("mlx5_0", "mlx5_1", "PIX")],
-        gpu=(2, "80-80,88-88,96-96,104-104,112-112,120-120,128-128,136-136,144-144,152-152", None)),
-    "nimbix-4gpu-mlx5_0-soc-legend.txt": dict(
-        nics=["mlx5_0"], islands=singletons(4), links=[("GPU0", "GPU1", "PIX"), ("GPU2", "mlx5_0", "PHB"), ("GPU0", "mlx5_0", "SYS")],
-        gpu=(2, "8-15", None)),
-    "p40-8gpu-mlx5_0-soc-legend-tabs-paddle.txt": dict(
-        nics=["mlx5_0"], islands=singletons(8), links=[("GPU0", "GPU3", "PIX"), ("GPU0", "GPU4", "PXB"), ("GPU7", "mlx5_0", "SYS")],
-        gpu=(7, "0-13", None)),
-    "princeton-adroit-4xA100-pcie-node-sys-comma-affinity-tabs.txt": dict(
-        nics=["mlx5_0"], islands=singletons(4), links=[("GPU0", "GPU1", "NODE"), ("GPU1", "GPU2", "SYS")],
-        gpu=(2, "1,3,5,7,9,11", "1")),
-    "princeton-della-4xA100-nv4-mlx5_0-tabs.txt": dict(
-        nics=["mlx5_0"], islands=[[0, 1, 2, 3]], links=[("GPU2", "mlx5_0", "SYS"), ("GPU0", "GPU3", "NV4")], gpu=(2, "24-47", "1")),
-    "princeton-traverse-power9-slurm-1gpu-4nic-numa-252-255-tabs.txt": dict(
-        nics=["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"], islands=[[0]], links=[("mlx5_2", "mlx5_3", "PIX"), ("GPU0", "mlx5_3", "SYS")],
-        gpu=(0, "0-3", "0,8,252-255")),
-    "tesla-p4-1gpu-numa-affinity-na-tabs-hami.txt": dict(nics=[], islands=[[0]], links=[], gpu=(0, "0-7", None)),
-    "v100-sxm2-8gpu-numa-gpunumaid-lmdeploy.txt": dict(
-        nics=[], islands=ALL8, links=[("GPU0", "GPU1", "NV1"), ("GPU3", "GPU7", "NV1"), ("GPU3", "GPU4", "SYS")],
-        gpu=(6, "20-39,60-79", "1")),
-    "workstation-2x-rtx3090-nvlink-bridge-nv4-tabs.txt": dict(
-        nics=[], islands=[[0, 1]], links=[("GPU0", "GPU1", "NV4")], gpu=(1, "0-23", "0")),
-    "workstation-2x-rtx5090-phb-threadripper-tabs.txt": dict(
-        nics=[], islands=singletons(2), links=[("GPU0", "GPU1", "PHB")], gpu=(0, "0-63", "0")),
+    "4gpu-mlx4_0-soc-legend-tabs-tensorflow-gdr.txt": {
+        "nics": ["mlx4_0"], "islands": singletons(4), "links": [("GPU0", "GPU1", "PHB"), ("GPU0", "GPU2", "SYS"), ("GPU2", "mlx4_0", "PHB")],
+        "gpu": (2, "6-11", None)},
+    "8gpu-pcie-allsys-tabs-gpunumaid.txt": {
+        "nics": [], "islands": singletons(8), "links": [("GPU0", "GPU7", "SYS")], "gpu": (7, "16-31,48-63", "1")},
+    "a100-sxm4-8gpu-3nic-bond-drv550-gpu-operator.txt": {
+        "nics": ["mlx5_0", "mlx5_3", "mlx5_bond_0"], "islands": ALL8,
+        "links": [("GPU0", "GPU7", "NV12"), ("GPU0", "mlx5_0", "PXB"), ("GPU4", "mlx5_bond_0", "NODE"), ("mlx5_3", "mlx5_bond_0", "NODE")],
+        "gpu": (4, "32-63,96-127", "1")},
+    "a6000-1gpu-3nic-ansi-collapsed-sglang.txt": {
+        "nics": ["mlx5_2", "mlx5_3", "mlx5_bond_0"], "islands": [[0]],
+        "links": [("GPU0", "mlx5_2", "NODE"), ("GPU0", "mlx5_bond_0", "SYS"), ("mlx5_2", "mlx5_3", "PIX")], "gpu": (0, "16-31", "1")},
+    "alcf-polaris-4xA100-nv4-2nic-tabs.txt": {
+        "nics": ["mlx5_0", "mlx5_1"], "islands": [[0, 1, 2, 3]],
+        "links": [("GPU3", "mlx5_0", "PHB"), ("GPU1", "mlx5_1", "PHB"), ("GPU0", "mlx5_0", "SYS")], "gpu": (0, "24-31,56-63", "3")},
+    "aws-g6e-12xlarge-4xL40S-node.txt": {
+        "nics": [], "islands": singletons(4), "links": [("GPU0", "GPU3", "NODE")], "gpu": (3, "0-47", "0")},
+    "aws-p4d-24xlarge-8xA100-nv12.txt": {
+        "nics": [], "islands": ALL8, "links": [("GPU3", "GPU4", "NV12")], "gpu": (4, "24-47,72-95", "1")},
+    "azure-nv12-2xM60-soc-nolegend-misaligned.txt": {
+        "nics": [], "islands": singletons(2), "links": [("GPU0", "GPU1", "SYS")], "gpu": (1, "0-11", None)},
+    "dgx1-p100-nv1-4nic-soc-tabs-mangled-header-sharc.txt": {
+        "nics": ["mlx5_0", "mlx5_2", "mlx5_1", "mlx5_3"], "islands": ALL8,
+        "links": [("GPU0", "GPU4", "NV1"), ("GPU0", "GPU5", "SYS"), ("GPU0", "mlx5_0", "PIX"), ("GPU0", "mlx5_1", "PHB"), ("mlx5_2", "mlx5_3", "PHB")],
+        "gpu": (7, "1-1", None)},
+    "dgx1-v100-mlx5_0-drv440-oneflow.txt": {
+        "nics": ["mlx5_0"], "islands": ALL8, "links": [("GPU0", "GPU3", "NV2"), ("GPU0", "GPU5", "SYS"), ("GPU2", "mlx5_0", "PIX")],
+        "gpu": (5, "12-23,36-47", None)},
+    "h100-6gpu-2nic-nv18-go-comment.txt": {
+        "nics": ["mlx5_0", "mlx5_1"], "islands": [[0, 1, 2, 3, 4, 5]], "links": [("GPU5", "mlx5_1", "SYS"), ("mlx5_0", "mlx5_1", "PIX")],
+        "gpu": (3, "48-95,144-191", "1")},
+    "h100-sxm-8gpu-nv18-nonic.txt": {"nics": [], "islands": ALL8, "links": [("GPU0", "GPU7", "NV18")], "gpu": (0, "0-47,96-143", "0")},
+    "hgx-a100-epyc7763-mlx5_0-drv495-slurm-pleiades.txt": {
+        "nics": ["mlx5_0"], "islands": ALL8, "links": [("GPU2", "mlx5_0", "PXB"), ("GPU0", "mlx5_0", "SYS")], "gpu": (4, "112-127", "7")},
+    "ibm-minsky-power8-4xP100-nv2-2nic-soc.txt": {
+        "nics": ["mlx5_0", "mlx5_1"], "islands": [[0, 1], [2, 3]],
+        "links": [("GPU0", "GPU1", "NV2"), ("GPU1", "GPU2", "SYS"), ("mlx5_0", "mlx5_1", "PIX")],
+        "gpu": (2, "80-80,88-88,96-96,104-104,112-112,120-120,128-128,136-136,144-144,152-152", None)},
+    "nimbix-4gpu-mlx5_0-soc-legend.txt": {
+        "nics": ["mlx5_0"], "islands": singletons(4), "links": [("GPU0", "GPU1", "PIX"), ("GPU2", "mlx5_0", "PHB"), ("GPU0", "mlx5_0", "SYS")],
+        "gpu": (2, "8-15", None)},
+    "p40-8gpu-mlx5_0-soc-legend-tabs-paddle.txt": {
+        "nics": ["mlx5_0"], "islands": singletons(8), "links": [("GPU0", "GPU3", "PIX"), ("GPU0", "GPU4", "PXB"), ("GPU7", "mlx5_0", "SYS")],
+        "gpu": (7, "0-13", None)},
+    "princeton-adroit-4xA100-pcie-node-sys-comma-affinity-tabs.txt": {
+        "nics": ["mlx5_0"], "islands": singletons(4), "links": [("GPU0", "GPU1", "NODE"), ("GPU1", "GPU2", "SYS")],
+        "gpu": (2, "1,3,5,7,9,11", "1")},
+    "princeton-della-4xA100-nv4-mlx5_0-tabs.txt": {
+        "nics": ["mlx5_0"], "islands": [[0, 1, 2, 3]], "links": [("GPU2", "mlx5_0", "SYS"), ("GPU0", "GPU3", "NV4")], "gpu": (2, "24-47", "1")},
+    "princeton-traverse-power9-slurm-1gpu-4nic-numa-252-255-tabs.txt": {
+        "nics": ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"], "islands": [[0]], "links": [("mlx5_2", "mlx5_3", "PIX"), ("GPU0", "mlx5_3", "SYS")],
+        "gpu": (0, "0-3", "0,8,252-255")},
+    "tesla-p4-1gpu-numa-affinity-na-tabs-hami.txt": {"nics": [], "islands": [[0]], "links": [], "gpu": (0, "0-7", None)},
+    "v100-sxm2-8gpu-numa-gpunumaid-lmdeploy.txt": {
+        "nics": [], "islands": ALL8, "links": [("GPU0", "GPU1", "NV1"), ("GPU3", "GPU7", "NV1"), ("GPU3", "GPU4", "SYS")],
+        "gpu": (6, "20-39,60-79", "1")},
+    "workstation-2x-rtx3090-nvlink-bridge-nv4-tabs.txt": {
+        "nics": [], "islands": [[0, 1]], "links": [("GPU0", "GPU1", "NV4")], "gpu": (1, "0-23", "0")},
+    "workstation-2x-rtx5090-phb-threadripper-tabs.txt": {
+        "nics": [], "islands": singletons(2), "links": [("GPU0", "GPU1", "PHB")], "gpu": (0, "0-63", "0")},
 }
 SHARED_MUST_RAISE = {"workstation-2x-rtx5090-topo-p2p-rw-GNS.txt": "topo -p2p"}
 
@@ -280,13 +281,13 @@ def test_sim_topology_text_parses(n: int, nvlink: bool) -> None:
 
 
 def reading(links_per_gpu: list[int], lost: int | None = None) -> NodeReading:
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     gpus = tuple(
         GpuReading(index=i, lost=(i == lost), nvlink=tuple(NvLinkState(k, True) for k in range(count)))
         for i, count in enumerate(links_per_gpu)
     )
-    return NodeReading("n", datetime(2026, 1, 1, tzinfo=timezone.utc), "550", gpus)
+    return NodeReading("n", datetime(2026, 1, 1, tzinfo=UTC), "550", gpus)
 
 
 def test_cross_check_agrees_on_a_healthy_nvswitch_board() -> None:

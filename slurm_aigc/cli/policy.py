@@ -1,0 +1,185 @@
+"""`slurm-aigc policy check|render|install` and `slurm-aigc classify` (thin click commands)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from slurm_aigc.errors import AigcError
+from slurm_aigc.policy.hookruntime import HookResult, HookRuntime
+from slurm_aigc.policy.install import HOOK_FILE, install_hook
+from slurm_aigc.policy.loader import load_policy
+from slurm_aigc.policy.model import UNKNOWN_CLASS, Policy
+from slurm_aigc.policy.paths import default_policy, slurm_conf_dir
+from slurm_aigc.policy.render import MARKER, render_hook, render_policy_table
+
+POLICY_OPTION = click.option(
+    "--policy", "policy_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+    help="Policy YAML (default: $SLURM_AIGC_CONFIG, /etc/slurm-aigc/slurm-aigc.yaml, the shipped etc/slurm-aigc.yaml).",
+)
+
+
+def _load(policy_path: Path | None) -> Policy:
+    return load_policy(policy_path or default_policy())
+
+
+@click.group("policy")
+def policy() -> None:
+    """Validate, render and install the job_submit hook's policy."""
+
+
+@policy.command("check")
+@POLICY_OPTION
+def check(policy_path: Path | None) -> None:
+    """Validate the policy; errors name the file, the key path and what is wrong."""
+    loaded = _load(policy_path)
+    types = ", ".join(f"{t.name} ({t.memory_gib:g} GiB)" for t in loaded.inventory.gpu_types)
+    click.echo(f"ok: {loaded.source}: {len(loaded.classes)} classes, {len(loaded.detection)} detection rules, GPU types {types}")
+
+
+@policy.command("render")
+@POLICY_OPTION
+@click.option("--table-only", is_flag=True, help="Print only the Lua policy table.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write here instead of stdout.")
+def render(policy_path: Path | None, table_only: bool, output: Path | None) -> None:
+    """Print the job_submit.lua (policy table + hook) that `install` would write."""
+    loaded = _load(policy_path)
+    text = render_policy_table(loaded) if table_only else render_hook(loaded)
+    if output:
+        output.write_text(text, encoding="utf-8")
+    else:
+        click.echo(text, nl=False)
+
+
+@policy.command("install")
+@POLICY_OPTION
+@click.option("--slurm-conf-dir", "conf_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Slurm's config dir (default: the directory of $SLURM_CONF / /etc/slurm/slurm.conf).")
+@click.option("--reconfigure", is_flag=True, help="Run `scontrol reconfigure` afterwards (resets features set by scontrol update).")
+def install(policy_path: Path | None, conf_dir: Path | None, reconfigure: bool) -> None:
+    """Validate, render, `luac -p`, then atomically replace <slurm conf dir>/job_submit.lua."""
+    loaded = _load(policy_path)
+    text = render_hook(loaded)
+    HookRuntime(text)  # loads in Lua 5.1 the way slurmctld does; raises if it would not
+    result = install_hook(text, conf_dir or slurm_conf_dir())
+    click.echo(f"installed {result.path} ({result.bytes_written} bytes) from {loaded.source}")
+    if reconfigure:
+        from slurm_aigc.slurm import SlurmCli
+
+        SlurmCli().reconfigure()
+        click.echo("scontrol reconfigure: done")
+
+
+def hook_text(policy_path: Path | None, conf_dir: Path | None = None) -> tuple[str, str]:
+    """(Lua text, where it came from): --policy rendered, else the installed hook, else the default policy."""
+    if policy_path is None:
+        try:
+            installed = (conf_dir or slurm_conf_dir()) / HOOK_FILE
+            text = installed.read_text(encoding="utf-8")
+        except (OSError, AigcError):
+            text = ""
+        if text.startswith(MARKER):
+            return text, str(installed)
+    loaded = _load(policy_path)
+    return render_hook(loaded), loaded.source
+
+
+def _tres_prefix(style: str) -> str:
+    """Slurm 22.05 shows `gres:gpu:1` to Lua; 23.02 and later `gres/gpu:1`."""
+    if style == "22.05":
+        return "gres:"
+    if style == "23.02":
+        return "gres/"
+    try:
+        from slurm_aigc.slurm import SlurmCli
+
+        major, minor, _ = SlurmCli(timeout_s=5.0).version()
+    except (AigcError, OSError):
+        return "gres:"
+    return "gres:" if (major, minor) < (23, 2) else "gres/"
+
+
+def _gres_value(text: str | None, prefix: str) -> str | None:
+    if not text:
+        return None
+    entries = [e if e.startswith(("gres:", "gres/")) else prefix + e for e in text.split(",")]
+    return ",".join(entries)
+
+
+def job_fields(options: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """The job_desc sbatch/srun would send for these options (unset fields omitted)."""
+    fields: dict[str, Any] = {
+        "comment": options["comment"], "name": options["name"], "partition": options["partition"],
+        "qos": options["qos"], "account": options["account"], "features": options["constraint"],
+        "prefer": options["prefer"], "time_limit": options["time_minutes"], "min_nodes": options["nodes"],
+        "tres_per_node": _gres_value(options["gres"], prefix), "user_id": options["user_id"],
+        "tres_per_job": _gres_value(f"gpu:{options['gpus']}" if options["gpus"] else None, prefix),
+        "script": None if options["interactive"] else "#!/bin/bash\n# slurm-aigc classify\n",
+    }
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+def result_json(result: HookResult) -> dict[str, Any]:
+    """The exact `classify --json` object."""
+    return {
+        "class": result.job_class or UNKNOWN_CLASS,
+        "result": "accept" if result.accepted else "reject",
+        "changes": {k: [before, after] for k, (before, after) in result.changes.items()},
+        "messages": result.messages,
+    }
+
+
+@click.command("classify")
+@click.option("--comment", default=None, help="The job's --comment (where the aigc: tag lives).")
+@click.option("--gres", default=None, help="As sbatch --gres, e.g. gpu:1 or gpu:a100:2.")
+@click.option("--gpus", type=int, default=None, help="As sbatch --gpus (per job).")
+@click.option("--name", default=None, help="Job name (-J).")
+@click.option("--nodes", type=int, default=None, help="-N.")
+@click.option("--partition", default=None)
+@click.option("--qos", default=None)
+@click.option("--account", default=None)
+@click.option("--constraint", default=None)
+@click.option("--prefer", default=None)
+@click.option("--time-minutes", type=int, default=None, help="--time in minutes.")
+@click.option("--script/--interactive", "batch", default=True, help="sbatch (default) or srun/salloc (no batch script).")
+@click.option("--user-id", type=int, default=1000, show_default=True, help="Submitting uid (0 = root: never rewritten).")
+@click.option("--tres-style", type=click.Choice(["auto", "22.05", "23.02"]), default="auto",
+              help="How Slurm shows GPU requests to Lua (auto: ask scontrol --version).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@POLICY_OPTION
+def classify(as_json: bool, policy_path: Path | None, tres_style: str, batch: bool, **options: Any) -> None:
+    """Run the installed job_submit.lua (or --policy's) on a job, without submitting it."""
+    text, source = hook_text(policy_path)
+    runtime = HookRuntime(text)
+    options["interactive"] = not batch
+    fields = job_fields(options, _tres_prefix(tres_style))
+    result = runtime.submit(fields, submit_uid=options["user_id"])
+    for line in result.logged("error"):
+        click.echo(f"slurmctld would log: error: {line}", err=True)
+    if as_json:
+        click.echo(json.dumps(result_json(result)))
+        return
+    _print_text(result, source)
+
+
+def _print_text(result: HookResult, source: str) -> None:
+    summary = result_json(result)
+    click.echo(f"class:   {summary['class']}")
+    click.echo(f"result:  {summary['result']}")
+    click.echo(f"hook:    {source}")
+    if not result.changes:
+        click.echo("changes: none")
+    for field, (before, after) in result.changes.items():
+        click.echo(f"change:  {field}: {_show(before)} -> {_show(after)}")
+    for message in result.messages:
+        click.echo(f"message: {message}")
+
+
+def _show(value: object) -> str:
+    return "(unset)" if value is None else str(value)
+
+
+__all__ = ["classify", "policy"]

@@ -1,0 +1,248 @@
+"""Reclaim commands: `slurm-aigc controller`, `slurm-aigc idle list|explain`, `slurm-aigc audit`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+
+from slurm_aigc.db import open_database
+from slurm_aigc.reclaim.actuator import ActionResult
+from slurm_aigc.reclaim.config import ReclaimConfig, load_reclaim_config
+from slurm_aigc.reclaim.controller import (
+    Controller,
+    JobView,
+    load_publisher_tick,
+    summary,
+)
+from slurm_aigc.reclaim.detect import GpuEvidence
+from slurm_aigc.reclaim.ladder import PlannedAction
+from slurm_aigc.reclaim.store import ActionRow, ReclaimStore
+from slurm_aigc.slurm import SlurmCli
+
+LOG = logging.getLogger(__name__)
+_SHORT_SINCE_RE = re.compile(r"^\d+[smhdw]$")
+
+config_option = click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
+                             help="Policy file (default: $SLURM_AIGC_CONFIG or /etc/slurm-aigc/slurm-aigc.yaml).")
+db_option = click.option("--db", "db_url", default=None,
+                         help="Database URL (default: $SLURM_AIGC_DB_URL or sqlite:////var/lib/slurm-aigc/state.db).")
+dry_run_option = click.option("--dry-run/--no-dry-run", "dry_run", default=None,
+                              help="Override reclaim.dry_run of the policy (shipped default: dry-run).")
+
+
+def _controller(config_file: str | None, db_url: str | None, dry_run: bool | None, publisher: bool,
+                jobs: Sequence[str] = ()) -> Controller:
+    config = load_reclaim_config(config_file)
+    factory = open_database(db_url)
+    slurm = SlurmCli()
+    dry = config.dry_run if dry_run is None else dry_run
+    publisher_tick = load_publisher_tick(slurm, factory, config_file, dry) if publisher else None
+    return Controller(slurm, ReclaimStore(factory), config, dry_run=dry, publisher_tick=publisher_tick,
+                      only_jobs=frozenset(jobs) if jobs else None)
+
+
+@click.command("controller")
+@config_option
+@db_option
+@click.option("--interval", "interval_s", type=click.FloatRange(min=0.1), default=None,
+              help="Seconds between ticks (default: reclaim.poll_interval_s).")
+@click.option("--once", is_flag=True, help="Run one tick, print what it did, exit (1 when the tick failed).")
+@dry_run_option
+@click.option("--publisher/--no-publisher", default=True, show_default=True,
+              help="Also run the feature/weight publisher's tick.")
+@click.option("--job", "jobs", multiple=True, help="Only judge and act on this job (repeatable).")
+def controller(config_file: str | None, db_url: str | None, interval_s: float | None, once: bool,
+               dry_run: bool | None, publisher: bool, jobs: tuple[str, ...]) -> None:
+    """Detect wasted GPU allocations and act on them (notify, signal, requeue, shrink)."""
+    from slurm_aigc.daemonloop import DaemonLoop
+
+    ctl = _controller(config_file, db_url, dry_run, publisher, jobs)
+    mode = "DRY-RUN (nothing is changed in Slurm)" if ctl.dry_run else "LIVE"
+    click.echo(f"slurm-aigc controller: {mode}", err=True)
+
+    def tick() -> None:
+        report = ctl.tick()
+        for result in report.reconciled + report.results:
+            (click.echo if once else LOG.warning)(result.line())
+        if once:
+            counts = ", ".join(f"{k}={v}" for k, v in sorted(summary(report.assessment.views).items())) or "no GPU jobs"
+            click.echo(f"{len(report.assessment.views)} running GPU job(s): {counts}; {len(report.results)} action(s)")
+
+    def reload() -> None:
+        ctl.set_config(load_reclaim_config(config_file))
+
+    loop = DaemonLoop(tick, interval_s or ctl.config.poll_interval_s, reload, name="slurm-aigc controller")
+    raise SystemExit(loop.run(once=once))
+
+
+@click.group("idle")
+def idle() -> None:
+    """Current idle/waste verdicts of running GPU jobs."""
+
+
+@idle.command("list")
+@config_option
+@db_option
+@dry_run_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (one object per job).")
+@click.option("--all", "show_all", is_flag=True, help="Also list jobs without a finding.")
+@click.option("--job", "jobs", multiple=True, help="Only this job (repeatable).")
+def idle_list(config_file: str | None, db_url: str | None, dry_run: bool | None, as_json: bool, show_all: bool,
+              jobs: tuple[str, ...]) -> None:
+    """Verdicts with their evidence and the next step, per running GPU job."""
+    views = _controller(config_file, db_url, dry_run, False, jobs).assess().views
+    shown = [v for v in views if show_all or v.verdict.kind]
+    if as_json:
+        click.echo(json.dumps([view_json(v) for v in shown], indent=2))
+        return
+    if not shown:
+        click.echo(f"no findings among {len(views)} running GPU job(s)")
+        return
+    header = ("JOBID", "USER", "CLASS", "GPUS", "VERDICT", "SINCE", "EVIDENCE", "NEXT")
+    rows = [(v.job.job_id, v.job.user, v.facts.job_class, str(v.verdict.gpus_total), v.verdict.kind or "-",
+             _clock(v.verdict.since_ts), _evidence_short(v.verdict.gpus, v.verdict.window_s), _next(v)) for v in shown]
+    click.echo(_table(header, rows))
+
+
+@idle.command("explain")
+@click.argument("job_id")
+@config_option
+@db_option
+@dry_run_option
+def idle_explain(job_id: str, config_file: str | None, db_url: str | None, dry_run: bool | None) -> None:
+    """Why a job has (or has not) a verdict, GPU by GPU, and what happens next."""
+    ctl = _controller(config_file, db_url, dry_run, False, (job_id,))
+    view = next((v for v in ctl.assess().views if v.job.job_id == job_id), None)
+    if view is None:
+        raise click.ClickException(f"job {job_id} is not a running GPU job")
+    policy = ctl.config.policy_for(view.facts.job_class)
+    verdict = view.verdict
+    lines = [
+        f"job {job_id}  user {view.job.user}  account {view.job.account}  qos {view.job.qos}  class {view.facts.job_class}",
+        (f"  batch {view.facts.batch}  requeue allowed {view.facts.requeue_allowed}  restarts {view.facts.restarts}  "
+        f"GPUs {view.facts.gpus}  opt-out tag {view.facts.opt_out}"),
+        (f"  policy: grace {policy.grace_s:.0f}s  window {policy.window_s:.0f}s  min samples {policy.min_samples}  "
+        f"idle <= {policy.idle_util_pct}% util & <= {policy.idle_memory_mib:.0f} MiB  "
+        f"fake busy >= {policy.busy_util_pct}% util at <= {policy.low_power_pct}% power"),
+        f"  ladder for {verdict.kind or '-'}: {', '.join(policy.ladder.get(verdict.kind or '', ())) or '-'}",
+        f"verdict: {verdict.kind or 'none'} — {verdict.reason}" + (f" (since {_clock(verdict.since_ts)})" if verdict.since_ts else ""),
+    ]
+    header = ("NODE", "GPU", "SAMPLES", "WINDOW", "MAX UTIL%", "MAX MEM MiB", "MEAN POWER%", "IDLE FOR", "WASTED FOR")
+    rows = [(e.node, str(e.gpu_index), str(e.samples), f"{_clock(e.first_ts)}-{_clock(e.last_ts)}", _num(e.max_util_pct),
+             _num(e.max_memory_mib), _num(e.mean_power_pct), f"{e.idle_s:.0f}s", f"{e.wasted_s:.0f}s") for e in verdict.gpus]
+    lines.append(_table(header, rows) if rows else "  (no samples)")
+    history = ReclaimStore(open_database(db_url)).audit(job_id=job_id)
+    lines.append("actions so far: " + ("none" if not history else ""))
+    lines.extend(f"  {_clock(r.ts_intent)} {r.action} ({r.verdict}) -> {r.state}{' [dry-run]' if r.dry_run else ''}" for r in history)
+    lines.append(f"next: {_next(view)}")
+    click.echo("\n".join(lines))
+
+
+@click.command("audit")
+@db_option
+@click.option("--job", "job_id", default=None, help="Only this job.")
+@click.option("--since", default=None, help="From this time: 2024-05-01T10:00, now-2hours, or 2h/30m/7d.")
+@click.option("--action", type=click.Choice(["notify", "signal", "requeue", "shrink", "cancel"]), default=None)
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def audit(db_url: str | None, job_id: str | None, since: str | None, action: str | None, fmt: str) -> None:
+    """The reclaim audit trail: every action's intent, outcome and detail."""
+    rows = ReclaimStore(open_database(db_url)).audit(job_id=job_id, since_ts=_since_ts(since), action=action)
+    if fmt == "json":
+        click.echo(json.dumps([_row_json(r) for r in rows], indent=2))
+        return
+    header = ("TIME", "JOBID", "USER", "CLASS", "VERDICT", "ACTION", "STATE", "DRY", "GPUS", "DETAIL")
+    table = [(_clock(r.ts_intent, date=True), r.job_id, r.user or "", r.job_class or "", r.verdict, r.action, r.state,
+              "yes" if r.dry_run else "", f"{r.gpus_before}->{r.gpus_after}", _detail_short(r)) for r in rows]
+    click.echo(_table(header, table) if table else "no actions recorded")
+
+
+def view_json(view: JobView) -> dict[str, Any]:
+    """A job's verdict, evidence and next step as plain data (`idle list --json`)."""
+    verdict = view.verdict
+    plan = view.plan
+    next_step: dict[str, Any] = (
+        {"action": plan.action, "now": True, "observation_key": plan.observation_key, "dry_run": plan.dry_run}
+        if isinstance(plan, PlannedAction)
+        else {"action": plan.next_action, "now": False, "reason": plan.reason, "not_before_ts": plan.not_before_ts}
+    )
+    return {
+        "job_id": view.job.job_id, "user": view.job.user, "account": view.job.account, "class": view.facts.job_class,
+        "gpus": view.facts.gpus, "verdict": verdict.kind, "reason": verdict.reason, "since_ts": verdict.since_ts,
+        "window_s": verdict.window_s, "now_ts": verdict.now_ts, "gpus_used": verdict.gpus_used,
+        "evidence": [_evidence_json(e) for e in verdict.gpus], "next": next_step,
+    }
+
+
+def _evidence_json(e: GpuEvidence) -> dict[str, Any]:
+    return {"node": e.node, "gpu_index": e.gpu_index, "samples": e.samples, "first_ts": e.first_ts, "last_ts": e.last_ts,
+            "max_util_pct": e.max_util_pct, "max_memory_mib": e.max_memory_mib, "mean_power_pct": e.mean_power_pct,
+            "idle_s": e.idle_s, "wasted_s": e.wasted_s}
+
+
+def _row_json(row: ActionRow) -> dict[str, Any]:
+    return {"id": row.id, "observation_key": row.observation_key, "ts_intent": row.ts_intent, "ts_outcome": row.ts_outcome,
+            "job_id": row.job_id, "user": row.user, "account": row.account, "class": row.job_class, "verdict": row.verdict,
+            "action": row.action, "step": row.step, "dry_run": row.dry_run, "state": row.state, "detail": dict(row.detail),
+            "gpus_before": row.gpus_before, "gpus_after": row.gpus_after, "gpu_hours_recovered": row.gpu_hours_recovered}
+
+
+def _next(view: JobView) -> str:
+    plan = view.plan
+    if isinstance(plan, PlannedAction):
+        return f"{'would ' if plan.dry_run else ''}{plan.action} now"
+    if plan.next_action:
+        return f"{plan.next_action} at {_clock(plan.not_before_ts)} ({plan.reason})"
+    return plan.reason
+
+
+def _evidence_short(gpus: Sequence[GpuEvidence], window_s: float) -> str:
+    if not gpus:
+        return "no samples"
+    util = max((e.max_util_pct for e in gpus if e.max_util_pct is not None), default=None)
+    memory = max((e.max_memory_mib for e in gpus if e.max_memory_mib is not None), default=None)
+    samples = min(e.samples for e in gpus)
+    return f"{window_s:.0f}s window, >={samples} samples/GPU, max util {_num(util)}%, max mem {_num(memory)} MiB"
+
+
+def _detail_short(row: ActionRow) -> str:
+    detail = row.detail
+    text = detail.get("error") or detail.get("result") or ""
+    return str(text)[:80]
+
+
+def _since_ts(text: str | None) -> float | None:
+    if not text:
+        return None
+    from slurm_aigc.report.timespec import parse_when
+
+    spec = f"now-{text}" if _SHORT_SINCE_RE.match(text.strip()) else text
+    try:
+        return parse_when(spec, datetime.now()).timestamp()
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--since") from None
+
+
+def _clock(ts: float | None, date: bool = False) -> str:
+    if ts is None:
+        return "-"
+    moment = datetime.fromtimestamp(ts, tz=UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ" if date else "%H:%M:%S")
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(str(c)) for c in column) for column in zip(header, *rows)]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in (header, *rows)]
+    return "\n".join(lines)
+
+
+__all__ = ["ActionResult", "ReclaimConfig", "audit", "controller", "idle"]

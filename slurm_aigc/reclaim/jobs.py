@@ -1,0 +1,123 @@
+"""Pure readings of a Slurm job (`JobInfo`) that reclaim needs: GPU counts, shrink updates, facts.
+
+Compatibility: Slurm 22.05 prints `TresPerNode=gres:gpu:a100:4`, 23.02+ `gres/gpu:a100:4`;
+both are read. `AllocTRES=...,gres/gpu=4,...` is the count of a running job.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+
+from slurm_aigc.reclaim.config import UNCLASSIFIED
+from slurm_aigc.reclaim.ladder import JobFacts, job_class_of, opted_out
+from slurm_aigc.slurm import JobInfo
+
+_ALLOC_GPU_RE = re.compile(r"(?:^|,)gres/gpu=(\d+)")
+_ALLOC_SHARD_RE = re.compile(r"(?:^|,)gres/shard=(\d+)")
+# gres:gpu:4, gres/gpu:a100:4, gpu:a100:4 (with an optional (S:0-1) socket suffix)
+_SPEC_GPU_RE = re.compile(r"(?P<head>(?:gres[:/])?gpu(?::(?P<type>[A-Za-z0-9_.-]+))?):(?P<count>\d+)(?P<tail>\([^)]*\))?")
+
+
+def gpu_count(job: JobInfo) -> int:
+    """GPUs allocated to the job (whole GPUs; shards do not count)."""
+    match = _ALLOC_GPU_RE.search(job.alloc_tres)
+    if match:
+        return int(match.group(1))
+    spec = _SPEC_GPU_RE.search(job.tres_per_node)
+    if spec:
+        return int(spec.group("count")) * max(job.num_nodes, 1)
+    per_job = _SPEC_GPU_RE.search(job.fields.get("TresPerJob", "") or "")
+    return int(per_job.group("count")) if per_job else 0
+
+
+def uses_shards(job: JobInfo) -> bool:
+    """The job holds GPU shards: its GPUs are shared with other jobs."""
+    return bool(_ALLOC_SHARD_RE.search(job.alloc_tres)) or "shard" in job.tres_per_node
+
+
+def is_gpu_job(job: JobInfo) -> bool:
+    return gpu_count(job) > 0 or uses_shards(job)
+
+
+def gpu_type(job: JobInfo) -> str | None:
+    """The GPU type the job asked for (`a100` of `gres:gpu:a100:4`), None when untyped."""
+    for text in (job.tres_per_node, job.fields.get("TresPerJob", "") or ""):
+        match = _SPEC_GPU_RE.search(text)
+        if match:
+            return match.group("type")
+    return None
+
+
+def shrink_updates(job: JobInfo, gpus: int) -> list[dict[str, str]]:
+    """Candidate `scontrol update JobId=.. FIELD=..` settings that lower the GPU count to `gpus`.
+
+    The GPU type stays as it was (Slurm cannot switch the type of a held job anyway).
+    Slurm 22.05 takes `Gres=gpu:TYPE:N` for a per-node request; newer ones also take
+    `TresPerNode=gres/gpu:TYPE:N`. The actuator tries them in order. Empty when the job's
+    request is not a single-node GPU count we can rewrite.
+    """
+    if job.num_nodes != 1 or gpus < 1:
+        return []
+    kind = gpu_type(job)
+    name = f"gpu:{kind}:{gpus}" if kind else f"gpu:{gpus}"
+    if _SPEC_GPU_RE.search(job.tres_per_node):
+        return [{"Gres": name}, {"TresPerNode": f"gres/{name}"}]
+    if _SPEC_GPU_RE.search(job.fields.get("TresPerJob", "") or ""):
+        return [{"TresPerJob": f"gres/{name}"}, {"TresPerJob": f"gres:{name}"}]
+    return []
+
+
+def requested_gpus(job: JobInfo) -> int | None:
+    """The GPU count the job's request asks for now (TresPerNode x nodes, or TresPerJob)."""
+    spec = _SPEC_GPU_RE.search(job.tres_per_node)
+    if spec:
+        return int(spec.group("count")) * max(job.num_nodes, 1)
+    per_job = _SPEC_GPU_RE.search(job.fields.get("TresPerJob", "") or "")
+    return int(per_job.group("count")) if per_job else None
+
+
+def is_held(job: JobInfo) -> bool:
+    """Pending with a hold: it will not start until released.
+
+    Slurm 22.05 says `Reason=job_requeued_in_held_state` after `scontrol requeuehold`,
+    `JobHeldAdmin`/`JobHeldUser` after `scontrol hold`; a held job has `Priority=0`.
+    """
+    return job.state == "PENDING" and ("held" in job.reason.lower() or job.fields.get("Priority") == "0")
+
+
+def start_ts(job: JobInfo) -> float | None:
+    return _epoch(job.start_time)
+
+
+def remaining_s(job: JobInfo, now_ts: float) -> float | None:
+    """Seconds until the job's time limit, None when unlimited or unknown."""
+    started = start_ts(job)
+    if started is None or job.time_limit_s is None:
+        return None
+    return max(0.0, started + job.time_limit_s - now_ts)
+
+
+def job_facts(job: JobInfo, now_ts: float) -> JobFacts:
+    """Planning's view of a running job."""
+    gpus = gpu_count(job)
+    return JobFacts(
+        job_id=job.job_id,
+        user=job.user,
+        account=job.account,
+        qos=job.qos,
+        job_class=job_class_of(job.comment, UNCLASSIFIED),
+        batch=job.batch_flag,
+        requeue_allowed=job.requeue,
+        restarts=job.restarts,
+        num_nodes=job.num_nodes,
+        gpus=gpus,
+        opt_out=opted_out(job.comment),
+        remaining_s=remaining_s(job, now_ts),
+        shrinkable=bool(shrink_updates(job, 1)),
+    )
+
+
+def _epoch(value: datetime | None) -> float | None:
+    # Slurm prints local time without a zone; naive datetimes are local, as .timestamp() assumes.
+    return None if value is None else value.timestamp()

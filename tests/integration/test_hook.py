@@ -1,0 +1,199 @@
+"""The job_submit hook on the real local cluster: every default rewrite, fail-open, classify agreement.
+
+The module installs the shipped policy (with a test-owned published-features file) into the
+cluster's Slurm config dir, and at the end re-installs the plain shipped policy, which the
+demo and the other tests expect.
+"""
+
+from __future__ import annotations
+
+import json
+import pwd
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from slurm_aigc.policy.install import HOOK_FILE, atomic_write, install_hook
+from slurm_aigc.policy.loader import load_policy, parse_policy_text
+from slurm_aigc.policy.paths import shipped_policy
+from slurm_aigc.policy.render import render_hook
+from slurm_aigc.slurm import JobInfo
+from tests.integration.helpers import cancel_quietly, submit, wait_for, wait_job_state
+
+pytestmark = pytest.mark.cluster
+
+SLURM_AIGC = str(Path(sys.executable).with_name("slurm-aigc"))
+SLEEP = "sleep 60\n"
+MODEL = "aigc-itest-model"
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("published")
+    directory.chmod(0o755)
+    path = directory / "published-features.txt"
+    path.write_text("")
+    path.chmod(0o644)
+    return path
+
+
+@pytest.fixture(scope="module")
+def hook_installed(cluster: Any, published: Path) -> Iterator[Path]:
+    document = yaml.safe_load(shipped_policy().read_text())
+    document["rewrites"]["model_prefer"]["published_features_file"] = str(published)
+    document["rewrites"]["model_prefer"]["refresh_seconds"] = 0
+    document["classes"]["imagegen"]["time_minutes"] = 90
+    policy_file = published.parent / "policy.yaml"
+    policy_file.write_text(yaml.safe_dump(document))
+    install_hook(render_hook(parse_policy_text(policy_file.read_text(), str(policy_file))), cluster.etc_dir)
+    yield policy_file
+    install_hook(render_hook(load_policy(shipped_policy())), cluster.etc_dir)
+
+
+@pytest.fixture
+def jobs(cluster: Any) -> Iterator[list[str]]:
+    submitted: list[str] = []
+    yield submitted
+    cancel_quietly(cluster, *submitted)
+
+
+def alice_uid() -> int:
+    return pwd.getpwnam("aigc-alice").pw_uid
+
+
+def job(cluster: Any, job_id: str) -> JobInfo:
+    info = cluster.slurm.job(job_id)
+    assert info is not None, f"job {job_id} vanished"
+    return info  # type: ignore[no-any-return]
+
+
+def node_type(node_list: str) -> str:
+    return node_list.split("-", 1)[0]
+
+
+def classify(*args: str, uid: int) -> dict[str, Any]:
+    """`slurm-aigc classify --json` against the hook installed in the cluster (the default)."""
+    result = subprocess.run([SLURM_AIGC, "classify", "--json", "--user-id", str(uid), *args],
+                            capture_output=True, text=True, check=True, timeout=60)
+    document: dict[str, Any] = json.loads(result.stdout)
+    return document
+
+
+SCONTROL_FIELD = {"tres_per_node": "TresPerNode", "features": "Features", "prefer": "Prefer", "comment": "Comment"}
+
+
+def assert_classify_agrees(info: JobInfo, predicted: dict[str, Any]) -> None:
+    for field, (_, after) in predicted["changes"].items():
+        if field in SCONTROL_FIELD:
+            shown = info.fields.get(SCONTROL_FIELD[field], "").strip()
+            assert shown == (after or "(null)"), f"{field}: classify said {after!r}, slurmctld has {shown!r}"
+
+
+def test_small_inference_runs_on_shards_of_a_gpu_that_fits(cluster: Any, hook_installed: Path, jobs: list[str]) -> None:
+    comment = "exp42 aigc:type=infer,vram=20G"
+    jobs.append(submit(cluster, SLEEP, "--gres=gpu:1", f"--comment={comment}"))
+    info = wait_job_state(cluster, jobs[0], "RUNNING", timeout_s=60)
+    assert re.search(r"\bshard:20\b", info.tres_per_node), info.tres_per_node
+    assert info.features == "a100" and node_type(info.node_list) == "a100"
+    assert info.comment.strip() == f"{comment} aigc_class=infer"
+    assert_classify_agrees(info, classify("--comment", comment, "--gres", "gpu:1", uid=alice_uid()))
+
+
+def test_vram_that_does_not_fit_keeps_job_off_small_gpus(cluster: Any, hook_installed: Path, jobs: list[str]) -> None:
+    comment = "aigc:type=infer,vram=40G,share=no"
+    jobs.append(submit(cluster, SLEEP, "--gres=gpu:1", f"--comment={comment}"))
+    info = wait_job_state(cluster, jobs[0], "RUNNING", timeout_s=60)
+    assert info.features == "a100" and re.search(r"gpu:1$", info.tres_per_node)
+    assert node_type(info.node_list) == "a100"
+    assert_classify_agrees(info, classify("--comment", comment, "--gres", "gpu:1", uid=alice_uid()))
+
+
+def test_small_vram_may_use_a_t4(cluster: Any, hook_installed: Path, jobs: list[str]) -> None:
+    comment = "aigc:type=imagegen,vram=6G"
+    jobs.append(submit(cluster, SLEEP, "--gres=gpu:1", f"--comment={comment}", "--exclude=a100-[01-02]"))
+    info = wait_job_state(cluster, jobs[0], "RUNNING", timeout_s=60)
+    assert re.search(r"\bshard:6\b", info.tres_per_node) and node_type(info.node_list) == "t4"
+    assert info.time_limit_s == 90 * 60  # imagegen's class default in this test policy
+
+
+def test_multi_gpu_training_is_kept_on_nvlink_nodes(cluster: Any, hook_installed: Path, jobs: list[str]) -> None:
+    comment = "aigc:type=train,model=none"
+    jobs.append(submit(cluster, SLEEP, "--gres=gpu:4", "-N1", f"--comment={comment}"))
+    info = wait_job_state(cluster, jobs[0], "RUNNING", timeout_s=60)
+    assert info.features == "a100" and node_type(info.node_list) == "a100"
+    assert_classify_agrees(info, classify("--comment", comment, "--gres", "gpu:4", "--nodes", "1", uid=alice_uid()))
+
+
+def test_model_prefers_nodes_publishing_it(cluster: Any, hook_installed: Path, published: Path, jobs: list[str]) -> None:
+    node = cluster.slurm.node("a100-02")
+    features = [f for f in node.available_features if f] + [f"model_{MODEL}"]
+    cluster.slurm.update_node("a100-02", features=features)
+    published.write_text(f"model_{MODEL}\n")
+    try:
+        comment = f"aigc:type=infer,model={MODEL},vram=20G"
+        jobs.append(submit(cluster, SLEEP, "--hold", "--gres=gpu:1", f"--comment={comment}"))
+        held = job(cluster, jobs[0])
+        # The preference repeats the shard rule's a100 constraint (22.05 tries it instead of it).
+        assert held.fields.get("Prefer") == f"a100&model_{MODEL}" and held.features == "a100"
+        assert_classify_agrees(held, classify("--comment", comment, "--gres", "gpu:1", uid=alice_uid()))
+        cluster.slurm.release(jobs[0])
+        info = wait_job_state(cluster, jobs[0], "RUNNING", timeout_s=60)
+        assert info.node_list == "a100-02"
+    finally:
+        published.write_text("")
+        cluster.slurm.update_node("a100-02", features=[f for f in node.available_features if f])
+    # Unpublished model: no --prefer, so Slurm does not reject the job for an unknown feature.
+    jobs.append(submit(cluster, SLEEP, "--gres=gpu:1", "--comment=aigc:type=infer,model=nobody-serves-this"))
+    assert job(cluster, jobs[-1]).fields.get("Prefer", "(null)") == "(null)"
+
+
+def test_root_and_untagged_jobs_are_unchanged(cluster: Any, hook_installed: Path, jobs: list[str]) -> None:
+    jobs.append(submit(cluster, SLEEP, "--gres=gpu:1", "--comment=aigc:type=infer,vram=20G", user=None))
+    jobs.append(submit(cluster, SLEEP, "--gres=gpu:1", "--comment=just my notes"))
+    for job_id, comment in zip(jobs, ["aigc:type=infer,vram=20G", "just my notes"], strict=True):
+        info = job(cluster, job_id)
+        assert re.search(r"gpu:1$", info.tres_per_node) and info.features in ("", "(null)")
+        assert info.comment.strip() == comment
+    assert classify("--comment", "just my notes", "--gres", "gpu:1", uid=alice_uid())["changes"] == {}
+
+
+def test_update_of_a_pending_job_is_rewritten_too(cluster: Any, hook_installed: Path, jobs: list[str]) -> None:
+    jobs.append(submit(cluster, SLEEP, "--hold", "--gres=gpu:1"))
+    subprocess.run(["su", "aigc-alice", "-s", "/bin/sh", "-c",
+                    f"scontrol update JobId={jobs[0]} Comment=aigc:type=infer,vram=40G"], check=True, timeout=30)
+    info = job(cluster, jobs[0])
+    assert info.features == "a100" and info.comment.strip() == "aigc:type=infer,vram=40G aigc_class=infer"
+
+
+def test_a_hook_that_raises_lets_jobs_through_unchanged(cluster: Any, hook_installed: Path, jobs: list[str]) -> None:
+    good = (cluster.etc_dir / HOOK_FILE).read_text()
+    broken = good.replace("local function run(view)\n", "local function run(view)\n    error('aigc-itest deliberate failure')\n", 1)
+    assert broken != good
+    install_hook(broken, cluster.etc_dir)
+    try:
+        jobs.append(submit(cluster, SLEEP, "--gres=gpu:1", "--comment=aigc:type=infer,vram=20G"))
+        info = job(cluster, jobs[0])
+        assert re.search(r"gpu:1$", info.tres_per_node) and info.comment.strip() == "aigc:type=infer,vram=20G"
+        log = Path(cluster.state_dir, "log", "slurmctld.log")
+        wait_for(lambda: "aigc-itest deliberate failure" in log.read_text(errors="replace"), 10, "the hook error in slurmctld.log")
+    finally:
+        install_hook(good, cluster.etc_dir)
+
+
+def test_a_syntax_error_written_behind_installs_back_keeps_the_previous_hook(cluster: Any, hook_installed: Path, jobs: list[str]) -> None:
+    good = (cluster.etc_dir / HOOK_FILE).read_text()
+    # A first job makes slurmctld load the good hook, so it is the "previous" one below.
+    jobs.append(submit(cluster, SLEEP, "--gres=gpu:1", "--comment=aigc:type=infer,vram=20G"))
+    assert re.search(r"\bshard:20\b", job(cluster, jobs[0]).tres_per_node)
+    atomic_write(cluster.etc_dir / HOOK_FILE, "function (\n")  # what `policy install` would refuse
+    try:
+        jobs.append(submit(cluster, SLEEP, "--gres=gpu:1", "--comment=aigc:type=infer,vram=20G"))
+        assert re.search(r"\bshard:20\b", job(cluster, jobs[1]).tres_per_node)  # previous hook still active
+    finally:
+        install_hook(good, cluster.etc_dir)

@@ -1,0 +1,130 @@
+"""The agent and the publisher on the real local cluster.
+
+One pass of `slurm-aigc agent --once` per a100 node publishes its static features; one
+`Publisher.tick()` publishes dynamic features and weights. They must show in
+`scontrol show node`, steer a `--constraint` job to the right node, vanish on
+`scontrol reconfigure` and come back on the next tick, and never drop an admin's features.
+Every node's features and weight are restored at the end.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm_aigc.db import open_database
+from slurm_aigc.telemetry.config import ScoringConfig
+from slurm_aigc.telemetry.store import TelemetryStore
+from tests.integration.helpers import cancel_quietly, submit, wait_for, wait_job_state
+
+pytestmark = pytest.mark.cluster
+
+SLURM_AIGC = str(Path(sys.executable).with_name("slurm-aigc"))
+MODEL = "itest-pub-model"
+MODEL_FEATURE = f"model_{MODEL}"
+ADMIN_FEATURE = "itest-admin-rack7"
+
+
+@pytest.fixture
+def restored(cluster: Any) -> Iterator[dict[str, tuple[tuple[str, ...], int]]]:
+    """Every node's features and weight as found; put back afterwards."""
+    before = {node.name: (node.available_features, node.weight) for node in cluster.slurm.nodes()}
+    yield before
+    for name, (features, weight) in before.items():
+        cluster.slurm.update_node(name, features=list(features), weight=weight)
+
+
+@pytest.fixture
+def jobs(cluster: Any) -> Iterator[list[str]]:
+    submitted: list[str] = []
+    yield submitted
+    cancel_quietly(cluster, *submitted)
+
+
+def features_of(cluster: Any, node: str) -> tuple[str, ...]:
+    return tuple(cluster.slurm.node(node).active_features)
+
+
+def slurm_conf_features(cluster: Any, node: str) -> tuple[str, ...]:
+    """`Features=` of the node's line in slurm.conf: what reconfigure restores."""
+    for line in (Path(cluster.etc_dir) / "slurm.conf").read_text().splitlines():
+        words = dict(w.split("=", 1) for w in line.split() if "=" in w)
+        if words.get("NodeName") == node and "Features" in words:
+            return tuple(words["Features"].split(","))
+    return ()
+
+
+def run_agent(cluster: Any, node: str, db_url: str) -> str:
+    argv = [SLURM_AIGC, "agent", "--once", "--backend", "sim", "--node", node,
+            "--simgpu-dir", str(cluster.simgpu_dir), "--db", db_url, "--config", "/dev/null"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_features_and_weights_publish_steer_and_survive_reconfigure(
+    cluster: Any, restored: dict[str, tuple[tuple[str, ...], int]], jobs: list[str], tmp_path: Path,
+) -> None:
+    from slurm_aigc.telemetry.publisher import Publisher
+
+    a100 = sorted(n for n in cluster.nodes if n.startswith("a100"))
+    assert len(a100) >= 2, f"need two a100 nodes, have {cluster.nodes}"
+    serving = a100[1]
+    conf_features = slurm_conf_features(cluster, serving)
+    assert conf_features, "slurm.conf gives the a100 nodes Features=a100"
+    db_url = f"sqlite:///{tmp_path / 'state.db'}"
+
+    # An admin's own feature, set before we publish anything.
+    cluster.slurm.update_node(serving, features=[*conf_features, ADMIN_FEATURE])
+
+    static = {"a100", "nvlink", "nvlink8", "vram80g"}
+    for node in a100:
+        # A reconfigure still in flight from the session's `cluster up` may wipe a first
+        # write; the daemon re-checks (feature_check_s), here we run --once again.
+        def agent_published(node: str = node) -> bool:
+            return bool(run_agent(cluster, node, db_url)) and static <= set(features_of(cluster, node))
+
+        wait_for(agent_published, 60, f"static features on {node}", interval_s=2)
+    assert ADMIN_FEATURE in features_of(cluster, serving)
+
+    server = submit(cluster, "sleep 600\n", f"--comment=aigc:type=infer,model={MODEL}", "--gres=shard:10",
+                    f"--nodelist={serving}", "--job-name=itest-publisher-serve")
+    jobs.append(server)
+    wait_job_state(cluster, server, "RUNNING", timeout_s=60)
+
+    store = TelemetryStore(open_database(db_url))
+    config = ScoringConfig(interval_s=5, published_features_file=str(tmp_path / "published-features.txt"))
+    publisher = Publisher(cluster.slurm, store, config)
+    plans = {plan.node: plan for plan in publisher.tick()}
+
+    published = set(features_of(cluster, serving))
+    assert MODEL_FEATURE in published
+    assert {ADMIN_FEATURE, "nvlink8", *conf_features} <= published  # admin and agent features kept
+    assert "nvfree8" not in published  # our shard job holds one of its GPUs
+    assert (tmp_path / "published-features.txt").read_text().splitlines().count(MODEL_FEATURE) == 1
+    for name, plan in plans.items():
+        if plan.weight_after is not None:
+            assert cluster.slurm.node(name).weight == plan.weight_after
+    assert store.publications(serving), "the change was not recorded"
+
+    # A job constrained to the model's feature lands on the node serving it.
+    follower = submit(cluster, "sleep 30\n", f"--constraint={MODEL_FEATURE}", "--gres=shard:1",
+                      "--job-name=itest-publisher-follow")
+    jobs.append(follower)
+    assert wait_job_state(cluster, follower, "RUNNING", timeout_s=60).node_list == serving
+
+    # Slurm forgets `scontrol update` on reconfigure; the next tick puts ours back.
+    weight_before = cluster.slurm.node(serving).weight
+    cluster.slurm.reconfigure()
+    wait_for(lambda: MODEL_FEATURE not in features_of(cluster, serving), 60, "reconfigure to drop the model feature")
+    assert set(conf_features) <= set(features_of(cluster, serving))
+    publisher.tick()
+    back = set(features_of(cluster, serving))
+    assert MODEL_FEATURE in back and set(conf_features) <= back
+    assert any(f.startswith("nvfree") for f in back)  # islands remembered though nvlink8 is gone until the agent's re-check
+    assert cluster.slurm.node(serving).weight == weight_before

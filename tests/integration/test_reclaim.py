@@ -1,0 +1,267 @@
+"""Reclaim on the real local cluster with simulated GPUs.
+
+Jobs run `slurm-aigc gpu-load --profile ...` (as root: job users cannot run the
+repository's venv); a background `slurm-aigc agent --backend sim` per node feeds a
+per-test SQLite database; `slurm-aigc controller --once --no-dry-run --job J` runs with
+a test policy of tiny windows (seconds). `--job` keeps the controller off the other
+jobs sharing this cluster. Requeued jobs start again after ~11 s (cred_expire=10).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from slurm_aigc.db import open_database
+from slurm_aigc.reclaim.actuator import Actuator, ActuatorCrash
+from slurm_aigc.reclaim.config import load_reclaim_config
+from slurm_aigc.reclaim.controller import Controller
+from slurm_aigc.reclaim.jobs import gpu_count
+from slurm_aigc.reclaim.ladder import PlannedAction
+from slurm_aigc.reclaim.store import ActionRow, ReclaimStore
+from tests.conftest import SLURM_AIGC_BIN, ClusterHandle
+from tests.integration.helpers import cancel_quietly, submit, wait_for, wait_job_state
+
+pytestmark = pytest.mark.cluster
+
+POLICY = """\
+agent: {backend: sim, interval_s: 1, publish_features: false}
+reclaim:
+  dry_run: true
+  poll_interval_s: 1
+  gap_intervals: 4
+  stale_intervals: 15
+  cooldown_s: 3
+  max_actions_per_tick: 10
+  max_actions_per_job: 6
+  exempt: {classes: [interactive]}
+  defaults:
+    grace_s: 3
+    window_s: 5
+    min_samples: 3
+    ladder:
+      idle: [notify, requeue]
+      memory_held: [notify, requeue]
+      fake_busy: [notify]
+      over_allocated: [notify, shrink]
+"""
+
+
+@dataclass
+class Reclaim:
+    """A test's database, policy and background agents, and how to run the controller."""
+
+    cluster: ClusterHandle
+    db_url: str
+    policy: Path
+    agents: dict[str, subprocess.Popen[bytes]]
+    log_dir: Path
+
+    def feed(self, node: str) -> None:
+        """Start the simulated-GPU agent of `node` (once per node) writing to this test's DB."""
+        if node in self.agents:
+            return
+        log = (self.log_dir / f"agent-{node}.log").open("wb")
+        self.agents[node] = subprocess.Popen(
+            [SLURM_AIGC_BIN, "agent", "--config", str(self.policy), "--backend", "sim", "--node", node,
+             "--simgpu-dir", str(self.cluster.simgpu_dir), "--db", self.db_url, "--interval", "1"],
+            stdout=log, stderr=subprocess.STDOUT,
+        )
+
+    def controller(self, *job_ids: str, dry_run: bool = False) -> str:
+        argv = [SLURM_AIGC_BIN, "controller", "--config", str(self.policy), "--db", self.db_url, "--once",
+                "--dry-run" if dry_run else "--no-dry-run", "--no-publisher"]
+        for job_id in job_ids:
+            argv += ["--job", job_id]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+        return done.stdout + done.stderr
+
+    def actions(self, job_id: str) -> list[ActionRow]:
+        return ReclaimStore(open_database(self.db_url)).audit(job_id=job_id)
+
+    def tick_until(self, job_ids: tuple[str, ...], done: Callable[[], bool], timeout_s: float, what: str,
+                   dry_run: bool = False) -> None:
+        outputs: list[str] = []
+
+        def step() -> bool:
+            outputs.append(self.controller(*job_ids, dry_run=dry_run))
+            return done()
+
+        try:
+            wait_for(step, timeout_s, what, interval_s=0.5)
+        except AssertionError as error:
+            raise AssertionError(f"{error}; last controller output:\n{outputs[-1] if outputs else ''}") from None
+
+
+@pytest.fixture
+def reclaim(cluster: ClusterHandle) -> Iterator[Reclaim]:
+    # Not pytest's tmp_path: concurrent pytest sessions on this host prune each other's
+    # numbered basetemp dirs, which would delete the database under a running test.
+    work = Path(tempfile.mkdtemp(prefix="slurm-aigc-reclaim-test-"))
+    policy = work / "policy.yaml"
+    policy.write_text(POLICY)
+    env = Reclaim(cluster, f"sqlite:///{work / 'state.db'}", policy, {}, work)
+    try:
+        yield env
+    finally:
+        for process in env.agents.values():
+            process.terminate()
+        for process in env.agents.values():
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def load_job(cluster: ClusterHandle, profile: str, *sbatch_args: str, mem: str = "4G") -> str:
+    script = f"{SLURM_AIGC_BIN} gpu-load --profile {profile} --mem {mem} --seconds 0\n"
+    return submit(cluster, script, f"--job-name=reclaim-{profile}", *sbatch_args, user=None)
+
+
+def running(reclaim: Reclaim, job_id: str) -> str:
+    """Wait for the job to run, start its node's agent; return the node."""
+    job = wait_job_state(reclaim.cluster, job_id, "RUNNING", timeout_s=90)
+    reclaim.feed(job.node_list)
+    return job.node_list
+
+
+def finished(rows: list[ActionRow], action: str) -> list[ActionRow]:
+    return [r for r in rows if r.action == action and r.state != "intent"]
+
+
+def test_idle_job_is_notified_then_requeued_and_runs_again(reclaim: Reclaim) -> None:
+    cluster = reclaim.cluster
+    job_id = load_job(cluster, "idle", "--gres=gpu:1", "--requeue")
+    try:
+        running(reclaim, job_id)
+        reclaim.tick_until((job_id,), lambda: bool(finished(reclaim.actions(job_id), "requeue")), 90,
+                           f"job {job_id} to be requeued")
+        rows = reclaim.actions(job_id)
+        assert [(r.action, r.state) for r in rows] == [("notify", "done"), ("requeue", "done")]
+        assert rows[0].verdict in {"idle", "memory_held"}
+        assert rows[0].ts_outcome is not None
+        assert rows[1].ts_intent - rows[0].ts_outcome >= 3.0  # the cool-down between the steps
+        job = cluster.slurm.job(job_id)
+        assert job is not None and "aigc-reclaim:" in job.admin_comment
+        again = wait_job_state(cluster, job_id, "RUNNING", timeout_s=90)
+        assert again.restarts == 1
+    finally:
+        cancel_quietly(cluster, job_id)
+
+
+def test_over_allocated_job_is_shrunk_and_restarts_with_one_gpu(reclaim: Reclaim) -> None:
+    cluster = reclaim.cluster
+    job_id = load_job(cluster, "over-allocated", "--gres=gpu:4", "--requeue")
+    try:
+        running(reclaim, job_id)
+        reclaim.tick_until((job_id,), lambda: bool(finished(reclaim.actions(job_id), "shrink")), 120,
+                           f"job {job_id} to be shrunk")
+        shrink = finished(reclaim.actions(job_id), "shrink")[0]
+        assert (shrink.state, shrink.verdict, shrink.gpus_before, shrink.gpus_after) == ("done", "over_allocated", 4, 1), shrink.detail
+        again = wait_job_state(cluster, job_id, "RUNNING", timeout_s=90)
+        assert (again.restarts, gpu_count(again)) == (1, 1)
+    finally:
+        cancel_quietly(cluster, job_id)
+
+
+def test_interactive_and_no_requeue_jobs_are_never_requeued(reclaim: Reclaim) -> None:
+    cluster = reclaim.cluster
+    interactive = load_job(cluster, "idle", "--gres=gpu:1", "--comment=aigc:type=interactive")
+    pinned = load_job(cluster, "idle", "--gres=gpu:1", "--no-requeue")
+    try:
+        running(reclaim, interactive)
+        running(reclaim, pinned)
+        # Notified, then past window + several cool-downs: the next step would have been a requeue.
+        reclaim.tick_until((interactive, pinned), lambda: bool(finished(reclaim.actions(pinned), "notify")), 90,
+                           f"job {pinned} to be notified")
+        notified_at = reclaim.actions(pinned)[0].ts_outcome or 0.0
+        reclaim.tick_until((interactive, pinned), lambda: time.time() > notified_at + 12, 60, "three cool-downs to pass")
+        assert reclaim.actions(interactive) == []
+        assert [r.action for r in reclaim.actions(pinned)] == ["notify"]
+        for job_id in (interactive, pinned):
+            job = cluster.slurm.job(job_id)
+            assert job is not None and (job.state, job.restarts) == ("RUNNING", 0)
+    finally:
+        cancel_quietly(cluster, interactive, pinned)
+
+
+def test_fake_busy_job_is_flagged(reclaim: Reclaim) -> None:
+    cluster = reclaim.cluster
+    job_id = load_job(cluster, "hung", "--gres=gpu:1")
+    try:
+        running(reclaim, job_id)
+        reclaim.tick_until((job_id,), lambda: bool(finished(reclaim.actions(job_id), "notify")), 90,
+                           f"job {job_id} to be flagged")
+        [row] = reclaim.actions(job_id)
+        assert (row.verdict, row.action, row.state) == ("fake_busy", "notify", "done")
+        listed = subprocess.run([SLURM_AIGC_BIN, "idle", "list", "--config", str(reclaim.policy), "--db", reclaim.db_url,
+                                 "--job", job_id], capture_output=True, text=True, timeout=60, check=True).stdout
+        assert "fake_busy" in listed
+    finally:
+        cancel_quietly(cluster, job_id)
+
+
+def test_controller_killed_between_intent_and_outcome_does_not_requeue_twice(reclaim: Reclaim) -> None:
+    cluster = reclaim.cluster
+    job_id = load_job(cluster, "idle", "--gres=gpu:1", "--requeue")
+    try:
+        running(reclaim, job_id)
+
+        def requeue_then_die(plan: PlannedAction) -> None:
+            if plan.action == "requeue":
+                cluster.slurm.requeue(plan.job_id)  # the action ran ...
+                raise ActuatorCrash("killed before the outcome was written")  # ... its outcome never recorded
+
+        config = load_reclaim_config(reclaim.policy)
+        store = ReclaimStore(open_database(reclaim.db_url))
+        actuator = Actuator(cluster.slurm, store, config, after_intent=requeue_then_die)
+        doomed = Controller(cluster.slurm, store, config, dry_run=False, actuator=actuator, only_jobs=frozenset({job_id}))
+
+        def crashed() -> bool:
+            try:
+                doomed.tick()
+            except ActuatorCrash:
+                return True
+            return False
+
+        wait_for(crashed, 90, f"the controller to crash while requeueing job {job_id}", interval_s=0.5)
+        assert [(r.action, r.state) for r in reclaim.actions(job_id)] == [("notify", "done"), ("requeue", "intent")]
+        # The restarted controller reconciles (restarts grew: done) and never requeues again.
+        output = reclaim.controller(job_id)
+        assert "done: requeue" in output, output
+        for _ in range(5):
+            reclaim.controller(job_id)
+        rows = reclaim.actions(job_id)
+        assert [(r.action, r.state) for r in rows] == [("notify", "done"), ("requeue", "done")]
+        assert rows[1].detail.get("reconciled") is True
+        job = cluster.slurm.job(job_id)
+        assert job is not None and job.restarts == 1
+    finally:
+        cancel_quietly(cluster, job_id)
+
+
+def test_dry_run_changes_nothing_in_slurm(reclaim: Reclaim) -> None:
+    cluster = reclaim.cluster
+    job_id = load_job(cluster, "idle", "--gres=gpu:1", "--requeue")
+    try:
+        running(reclaim, job_id)
+        before = cluster.slurm.job(job_id)
+        assert before is not None
+        reclaim.tick_until((job_id,), lambda: bool(finished(reclaim.actions(job_id), "requeue")), 90,
+                           f"a dry-run requeue of job {job_id}", dry_run=True)
+        rows = reclaim.actions(job_id)
+        assert [(r.action, r.state, r.dry_run) for r in rows] == [("notify", "skipped", True), ("requeue", "skipped", True)]
+        assert rows[1].detail["commands"] == [f"scontrol requeue {job_id}"]
+        after = cluster.slurm.job(job_id)
+        assert after is not None
+        assert (after.state, after.restarts, after.admin_comment) == ("RUNNING", 0, before.admin_comment)
+    finally:
+        cancel_quietly(cluster, job_id)

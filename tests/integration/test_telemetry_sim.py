@@ -1,0 +1,79 @@
+"""A job running `slurm-aigc gpu-load` shows up on its own GPUs in the simulated backend,
+and its pid is attributed to its job id."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from slurm_aigc.telemetry.attribution import Attributor, job_gpu_usage
+from slurm_aigc.telemetry.records import NodeReading
+from slurm_aigc.telemetry.simgpu import SimGpuBackend
+from slurm_aigc.telemetry.topology import parse_topo_matrix
+from tests.conftest import SLURM_AIGC_BIN, ClusterHandle
+from tests.integration.helpers import cancel_quietly, submit, wait_for, wait_job_state
+
+pytestmark = pytest.mark.cluster
+
+
+def allocated_gpu_indices(cluster: ClusterHandle, job_id: str) -> list[int]:
+    """`scontrol show job -d`: `GRES=gpu:a100:2(IDX:3-4)` -> [3, 4]."""
+    detail = cluster.slurm.run("scontrol", ["show", "job", "-d", job_id]).stdout
+    match = re.search(r"GRES=\S*gpu\S*\(IDX:([0-9,\-]+)\)", detail)
+    assert match, detail
+    indices: list[int] = []
+    for part in match.group(1).split(","):
+        first, _, last = part.partition("-")
+        indices.extend(range(int(first), int(last or first) + 1))
+    return indices
+
+
+def loaded_gpus(reading: NodeReading) -> dict[int, list[int]]:
+    return {g.index: [p.pid for p in g.processes] for g in reading.gpus if g.processes}
+
+
+def test_gpu_load_job_is_seen_on_its_gpus_and_attributed(cluster: ClusterHandle) -> None:
+    # Job users cannot run the repository's venv interpreter, so the job runs as root.
+    script = f"{SLURM_AIGC_BIN} gpu-load --util 70 --mem 10G --seconds 60\n"
+    job_id = submit(cluster, script, "--gres=gpu:a100:2", "--job-name=telemetry-sim", user=None)
+    try:
+        job = wait_job_state(cluster, job_id, "RUNNING", timeout_s=60)
+        node = job.node_list
+        backend = SimGpuBackend(node, cluster.simgpu_dir)
+        expected = allocated_gpu_indices(cluster, job_id)
+        assert len(expected) == 2
+
+        def two_loaded_gpus() -> NodeReading | None:
+            reading = backend.read()
+            mine = {i: pids for i, pids in loaded_gpus(reading).items() if i in expected}
+            return reading if len(mine) == 2 else None
+
+        reading = wait_for(two_loaded_gpus, 30, f"gpu-load of job {job_id} on {node} GPUs {expected}")
+        gpus = [reading.gpus[i] for i in expected]
+        pids = {p.pid for g in gpus for p in g.processes}
+        assert len(pids) == 1, pids  # one gpu-load process on both GPUs
+        (pid,) = pids
+        for gpu in gpus:
+            assert gpu.sm_util_pct == pytest.approx(70.0)
+            assert gpu.memory_used_mib == pytest.approx(10240.0)
+            assert gpu.power_limit_w is not None and gpu.power_draw_w is not None
+            assert gpu.power_draw_w > 0.5 * gpu.power_limit_w
+        assert all(not g.processes for g in reading.gpus if g.index not in expected)
+
+        attributor = Attributor(cluster.slurm)
+        assert attributor.job_of(pid) == job_id
+        rows = job_gpu_usage(reading, attributor.jobs_of([pid]))
+        assert [(r.job_id, r.gpu_index, r.sm_util_pct) for r in rows] == [(job_id, i, 70.0) for i in sorted(expected)]
+
+        topology = backend.topology_text()
+        assert topology is not None
+        assert parse_topo_matrix(topology).nvlink_islands() == [list(range(len(reading.gpus)))]
+    finally:
+        cancel_quietly(cluster, job_id)
+
+    # scancel sends SIGTERM: gpu-load removes its file and the GPUs read idle again.
+    def idle_again() -> bool:
+        return all(not g.processes or g.index not in expected for g in backend.read().gpus)
+
+    wait_for(idle_again, 30, f"GPUs {expected} of {node} to read idle after scancel")

@@ -1,0 +1,232 @@
+"""The node agent on named fake machines: samples stored per poll, processes attributed to
+jobs, static features published (and re-published after Slurm forgot them), admin features
+kept, Slurm outages survived; plus the `agent:` config section and the CLI in dry-run."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+from sqlalchemy import func, select
+
+from slurm_aigc.db import (
+    GpuSample,
+    JobGpuSample,
+    ProcessSample,
+    open_database,
+    transaction,
+)
+from slurm_aigc.errors import ConfigError
+from slurm_aigc.slurm import SlurmCli
+from slurm_aigc.telemetry import fakes
+from slurm_aigc.telemetry.agent import Agent, static_features
+from slurm_aigc.telemetry.attribution import job_gpu_usage
+from slurm_aigc.telemetry.config import (
+    DEFAULT_AGENT_YAML,
+    AgentConfig,
+    parse_agent_section,
+)
+from slurm_aigc.telemetry.nvml import NvmlBackend
+from slurm_aigc.telemetry.simgpu import sim_gpus, sim_topology_text, write_inventory
+from slurm_aigc.telemetry.store import TelemetryStore
+from slurm_aigc.telemetry.topology import parse_topo_matrix
+from slurm_aigc.validation import Node
+from tests.unit.telemetry_fakes import FakeNode, FakeSlurm
+
+FIXED_TS = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+# dgx_a100(): pid 4242 on GPU0, pids 5001 and 5002 share GPU1.
+PID_JOBS = {4242: "101", 5001: "102", 5002: "103"}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def backend(machine: fakes.FakeMachine) -> NvmlBackend:
+    return NvmlBackend("dgx-01", nvml=fakes.FakeNvml(machine), clock=lambda: FIXED_TS, smi=fakes.smi_runner(machine))
+
+
+def islands(text: str) -> list[list[int]]:
+    return parse_topo_matrix(text).nvlink_islands()
+
+
+def make_agent(machine: fakes.FakeMachine, slurm: FakeSlurm, store: TelemetryStore | None, clock: Clock,
+               **kwargs: object) -> Agent:
+    def attribute(pids: Sequence[int]) -> Mapping[int, str | None]:
+        return {pid: PID_JOBS.get(pid) for pid in pids}
+
+    return Agent(
+        "dgx-01", backend(machine), store, SlurmCli(runner=slurm), AgentConfig(feature_check_s=60.0),
+        attribute=attribute, split_uses=job_gpu_usage, parse_islands=islands, clock=clock, **kwargs,  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> TelemetryStore:
+    return TelemetryStore(open_database(f"sqlite:///{tmp_path / 'state.db'}"))
+
+
+def count(store: TelemetryStore, table: type) -> int:
+    with transaction(store._factory) as session:
+        return int(session.scalar(select(func.count()).select_from(table)) or 0)
+
+
+def test_static_features_of_named_machines() -> None:
+    dgx = fakes.dgx_a100()
+    assert static_features(backend(dgx).read(), islands(dgx.topology or "")) == ("a100", "nvlink", "nvlink8", "vram80g")
+    box = fakes.pcie_l40s_x4()
+    reading = NvmlBackend("box", nvml=fakes.FakeNvml(box), clock=lambda: FIXED_TS).read()
+    assert static_features(reading, islands(box.topology or "")) == ("l40s", "vram48g")
+
+
+def test_a_poll_stores_gpus_processes_and_per_job_rows(store: TelemetryStore) -> None:
+    slurm = FakeSlurm([FakeNode("dgx-01", features=["ib"])])
+    result = make_agent(fakes.dgx_a100(), slurm, store, Clock(), allocations=lambda: {"101": [0, 7]}).tick()
+    assert (result.gpus, result.lost, result.processes) == (8, 0, 3)
+    assert count(store, GpuSample) == 8 and count(store, ProcessSample) == 3
+    with transaction(store._factory) as session:
+        procs = {p.pid: p.job_id for p in session.scalars(select(ProcessSample))}
+        jobs = {(r.job_id, r.gpu_index): r for r in session.scalars(select(JobGpuSample))}
+    assert procs == PID_JOBS
+    assert set(jobs) == {("101", 0), ("101", 7), ("102", 1), ("103", 1)}
+    assert jobs[("101", 7)].sm_util_pct == 0.0  # allocated, running nothing: the idle row reclaim needs
+    assert jobs[("102", 1)].shared and jobs[("101", 0)].power_draw_w == 310.0
+    assert jobs[("101", 0)].memory_total_mib == 81920.0
+
+
+def test_a_lost_gpu_is_stored_as_lost_and_the_poll_goes_on(store: TelemetryStore) -> None:
+    slurm = FakeSlurm([FakeNode("dgx-01")])
+    result = make_agent(fakes.gpu_lost_mid_poll(3), slurm, store, Clock()).tick()
+    assert result.lost == 1 and result.gpus == 8
+    with transaction(store._factory) as session:
+        lost = [s.gpu_index for s in session.scalars(select(GpuSample).where(GpuSample.lost.is_(True)))]
+    assert lost == [3]
+
+
+def test_features_published_once_merged_and_republished_after_slurm_forgot(store: TelemetryStore) -> None:
+    node = FakeNode("dgx-01", features=["ib", "rack7"])
+    slurm, clock = FakeSlurm([node]), Clock()
+    agent = make_agent(fakes.dgx_a100(), slurm, store, clock)
+
+    assert agent.tick().published == ("ib", "rack7", "a100", "nvlink", "nvlink8", "vram80g")
+    assert node.features == ["ib", "rack7", "a100", "nvlink", "nvlink8", "vram80g"]
+    assert agent.tick().published is None and len(slurm.updates()) == 1
+
+    SlurmCli(runner=slurm).reconfigure()  # Slurm forgets `scontrol update`
+    clock.now += 30
+    agent.tick()
+    assert node.features == ["ib", "rack7"]  # not yet checked again
+    clock.now += 31
+    agent.tick()
+    assert node.features == ["ib", "rack7", "a100", "nvlink", "nvlink8", "vram80g"]
+    assert [p.reason for p in store.publications("dgx-01")] == [
+        "static features +a100 +nvlink +nvlink8 +vram80g"] * 2
+
+
+def test_stale_static_features_are_replaced_admin_ones_kept(store: TelemetryStore) -> None:
+    node = FakeNode("dgx-01", features=["v100", "vram32g", "fast"])  # the node was re-fitted
+    slurm = FakeSlurm([node])
+    make_agent(fakes.dgx_a100(), slurm, store, Clock()).tick()
+    assert node.features == ["fast", "a100", "nvlink", "nvlink8", "vram80g"]
+
+
+def test_a_slurm_outage_does_not_stop_sampling(store: TelemetryStore) -> None:
+    node = FakeNode("dgx-01")
+    slurm = FakeSlurm([node])
+    slurm.down = True
+    agent = make_agent(fakes.dgx_a100(), slurm, store, Clock())
+    assert agent.tick().published is None
+    assert count(store, GpuSample) == 8
+    slurm.down = False
+    assert agent.tick().published is not None  # retried on the next tick, not after feature_check_s
+
+
+def test_dry_run_changes_nothing(store: TelemetryStore) -> None:
+    node = FakeNode("dgx-01", features=["ib"])
+    slurm = FakeSlurm([node])
+    agent = make_agent(fakes.dgx_a100(), slurm, None, Clock(), dry_run=True)
+    assert agent.tick().published is not None
+    assert agent.tick().published is None  # logged once
+    assert slurm.updates() == [] and node.features == ["ib"]
+
+
+def test_publishing_off_and_unknown_topology() -> None:
+    slurm = FakeSlurm([FakeNode("dgx-01")])
+    machine = fakes.dgx_a100()
+
+    def broken(_text: str) -> list[list[int]]:
+        return parse_topo_matrix("GPU0\tGPU1\nnot a matrix").nvlink_islands()
+
+    agent = Agent("dgx-01", backend(machine), None, SlurmCli(runner=slurm), AgentConfig(),
+                  attribute=lambda pids: {}, split_uses=job_gpu_usage, parse_islands=broken)
+    assert agent.tick().published == ("a100", "vram80g")  # no nvlink features without a topology
+    quiet = Agent("dgx-01", backend(machine), None, SlurmCli(runner=slurm), AgentConfig(publish_features=False),
+                  attribute=lambda pids: {}, split_uses=job_gpu_usage, parse_islands=islands)
+    assert quiet.tick().published is None
+
+
+# --------------------------------------------------------------------------- config
+
+
+def test_agent_section_defaults_and_documented_yaml() -> None:
+    parsed = parse_agent_section(Node("f.yaml", "agent", yaml.safe_load(DEFAULT_AGENT_YAML)["agent"]))
+    assert parsed == AgentConfig(simgpu_dir="/var/lib/slurm-aigc/simgpu")
+    assert parsed.interval_s == 10.0 and parsed.backend == "nvml" and parsed.metrics_port is None
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ({"backend": "cuda"}, "agent.backend: expected one of nvml, sim"),
+        ({"interval": 5}, "agent: unknown key(s) interval"),
+        ({"interval_s": -1}, "agent.interval_s: expected a positive number"),
+        ({"metrics_port": 70000}, "agent.metrics_port: expected a TCP port"),
+        ({"publish_features": "yes"}, "agent.publish_features: expected true/false"),
+    ],
+)
+def test_bad_agent_sections_name_file_and_key(value: object, message: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        parse_agent_section(Node("etc/slurm-aigc.yaml", "agent", value))
+    assert message in str(error.value) and str(error.value).startswith("etc/slurm-aigc.yaml: ")
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def test_cli_once_dry_run_on_simulated_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_aigc.cli.telemetry import agent as agent_command
+
+    write_inventory(tmp_path, "simnode-x", sim_gpus("simnode-x", "t4", 4, nvlink=False), sim_topology_text(4, False))
+    config = tmp_path / "aigc.yaml"
+    config.write_text("agent:\n  backend: sim\n  interval_s: 5\n", encoding="utf-8")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no Slurm tools: publishing logs a warning, sampling goes on
+    result = CliRunner().invoke(agent_command, ["--config", str(config), "--node", "simnode-x",
+                                                "--simgpu-dir", str(tmp_path), "--once", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output.strip().splitlines()[-1])
+    assert summary == {"gpus": 4, "lost": 0, "node": "simnode-x", "processes": 0, "published": None, "rows_written": 0}
+
+
+def test_cli_once_stores_samples_and_a_bad_config_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_aigc.cli.telemetry import agent as agent_command
+
+    write_inventory(tmp_path, "simnode-y", sim_gpus("simnode-y", "a100", 8, nvlink=True), sim_topology_text(8, True))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    db = tmp_path / "s.db"
+    result = CliRunner().invoke(agent_command, ["--node", "simnode-y", "--backend", "sim", "--simgpu-dir", str(tmp_path),
+                                                "--db", f"sqlite:///{db}", "--once", "--config", "/dev/null"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output.strip().splitlines()[-1])["rows_written"] == 8
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("agent:\n  backend: cuda\n", encoding="utf-8")
+    result = CliRunner().invoke(agent_command, ["--config", str(bad), "--once"])
+    assert isinstance(result.exception, ConfigError) and "agent.backend" in str(result.exception)

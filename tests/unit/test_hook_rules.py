@@ -1,0 +1,282 @@
+"""The job_submit hook's rules, run as Lua 5.1 in lupa with a slurmctld-like `slurm` table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from slurm_aigc.policy.hookruntime import (
+    ERROR,
+    INFINITE,
+    SUCCESS,
+    HookResult,
+    HookRuntime,
+)
+from slurm_aigc.policy.loader import parse_policy_text
+from slurm_aigc.policy.paths import shipped_policy
+from slurm_aigc.policy.render import render_hook
+from slurm_aigc.telemetry.features import model_feature
+
+ALICE = 1001
+SCRIPT = "#!/bin/bash\nsrun python serve.py\n"
+
+
+def runtime_for(tmp_path: Path, **overrides: Any) -> HookRuntime:
+    """The shipped policy with `overrides` merged in (section -> keys), published features in tmp_path."""
+    document = yaml.safe_load(shipped_policy().read_text())
+    document["rewrites"]["model_prefer"]["published_features_file"] = str(tmp_path / "published-features.txt")
+    document["rewrites"]["model_prefer"]["refresh_seconds"] = 0
+    for section, values in overrides.items():
+        target = document
+        for key in section.split("."):
+            target = target.setdefault(key, {})
+        target.update(values)
+    policy = parse_policy_text(yaml.safe_dump(document), "test-policy.yaml")
+    return HookRuntime(render_hook(policy))
+
+
+@pytest.fixture
+def hook(tmp_path: Path) -> HookRuntime:
+    return runtime_for(tmp_path)
+
+
+def submit(hook: HookRuntime, uid: int = ALICE, **fields: Any) -> HookResult:
+    fields.setdefault("script", SCRIPT)
+    fields.setdefault("name", "job")
+    fields.setdefault("user_id", uid)
+    return hook.submit(fields, submit_uid=uid)
+
+
+def test_small_inference_becomes_shards_on_types_where_it_fits(hook: HookRuntime) -> None:
+    result = submit(hook, comment="exp42 aigc:type=infer,vram=20G", tres_per_node="gres:gpu:1")
+    assert result.rc == SUCCESS and result.job_class == "infer"
+    # 20 GiB is more than half a 16 GiB t4, so only a100 (80 shards of 1 GiB) may take it.
+    assert result.changes["tres_per_node"] == ("gres:gpu:1", "gres:shard:20")
+    assert result.changes["features"] == (None, "a100")
+
+
+def test_tiny_inference_shards_anywhere_without_constraint(hook: HookRuntime) -> None:
+    result = submit(hook, comment="aigc:type=imagegen,vram=6.5G", tres_per_node="gres/gpu:1")
+    assert result.changes["tres_per_node"] == ("gres/gpu:1", "gres/shard:7")  # 24.11 style kept, ceil(6.5)
+    assert "features" not in result.changes
+
+
+def test_share_no_keeps_a_whole_gpu_but_fits_the_type(hook: HookRuntime) -> None:
+    result = submit(hook, comment="aigc:type=infer,vram=20G,share=no", tres_per_node="gres:gpu:1")
+    assert "tres_per_node" not in result.changes
+    assert result.changes["features"] == (None, "a100")
+
+
+def test_vram_that_fits_no_small_type_keeps_job_off_it(hook: HookRuntime) -> None:
+    result = submit(hook, comment="aigc:type=infer,vram=60G", tres_per_node="gres:gpu:1")
+    assert result.changes["features"] == (None, "a100")
+    assert "tres_per_node" not in result.changes
+
+
+def test_vram_fit_is_anded_with_the_users_constraint(hook: HookRuntime) -> None:
+    result = submit(hook, comment="aigc:type=batch,vram=40G", tres_per_node="gres:gpu:2", features="ib&ssd")
+    assert result.changes["features"] == ("ib&ssd", "ib&ssd&a100")
+
+
+def test_complex_user_constraint_is_left_alone_and_user_told(hook: HookRuntime) -> None:
+    result = submit(hook, comment="aigc:type=batch,vram=40G", tres_per_node="gres:gpu:2", features="[ib|eth]")
+    assert "features" not in result.changes
+    assert any("constraint" in m for m in result.messages)
+
+
+def test_typed_request_too_small_is_kept_but_user_warned(hook: HookRuntime) -> None:
+    result = submit(hook, comment="aigc:type=infer,vram=40G,share=no", tres_per_node="gres:gpu:t4:1")
+    assert "tres_per_node" not in result.changes and "features" not in result.changes
+    assert any("t4" in m and "vram=40G" in m for m in result.messages)
+
+
+def test_multi_gpu_train_on_one_node_goes_to_nvlink_types(hook: HookRuntime) -> None:
+    result = submit(hook, comment="aigc:type=train", tres_per_node="gres:gpu:8", min_nodes=1)
+    assert result.changes["features"] == (None, "a100")
+    assert result.changes["comment"] == ("aigc:type=train", "aigc:type=train aigc_class=train")
+
+
+def test_multi_node_train_is_not_constrained(hook: HookRuntime) -> None:
+    result = submit(hook, comment="aigc:type=train", tres_per_node="gres:gpu:8", min_nodes=2)
+    assert "features" not in result.changes
+
+
+def test_nvlink_feature_method_uses_published_feature(tmp_path: Path) -> None:
+    hook = runtime_for(tmp_path, **{"rewrites.nvlink": {"method": "feature", "feature": "nvlink"}})
+    result = submit(hook, comment="aigc:type=finetune", tres_per_job="gres:gpu:4")
+    assert result.changes["features"] == (None, "nvlink")
+
+
+def test_nvlink_no_opts_out(hook: HookRuntime) -> None:
+    result = submit(hook, comment="aigc:type=train,nvlink=no", tres_per_node="gres:gpu:4")
+    assert "features" not in result.changes
+
+
+def test_model_prefer_only_for_published_model_features(tmp_path: Path) -> None:
+    hook = runtime_for(tmp_path)
+    unpublished = submit(hook, comment="aigc:type=infer,model=llama3-8b", tres_per_node="gres:gpu:1")
+    assert "prefer" not in unpublished.changes  # Slurm would reject an unknown --prefer feature
+    (tmp_path / "published-features.txt").write_text("model_llama3-8b\nmodel_sdxl\n")
+    published = submit(hook, comment="aigc:type=infer,model=llama3-8b", tres_per_node="gres:gpu:1")
+    assert published.changes["prefer"] == (None, "model_llama3-8b")
+
+
+def test_model_prefer_repeats_the_constraint_it_must_not_escape(tmp_path: Path) -> None:
+    # Slurm 22.05 tries --prefer in place of --constraint, so a bare model feature could
+    # land a 20 GiB shard job on a t4 that serves the model.
+    hook = runtime_for(tmp_path, **{"rewrites.model_prefer": {"published_features_file": None}})
+    sharded = submit(hook, comment="aigc:type=infer,model=m,vram=20G", tres_per_node="gres:gpu:1")
+    assert sharded.changes["prefer"] == (None, "a100&model_m")
+    user_or = submit(hook, comment="aigc:type=batch,model=m", tres_per_node="gres:gpu:1", features="a100|t4")
+    assert user_or.changes["prefer"] == (None, "(a100|t4)&model_m")
+    user_prefer = submit(hook, comment="aigc:type=batch,model=m", tres_per_node="gres:gpu:1", prefer="fast")
+    assert user_prefer.changes["prefer"] == ("fast", "fast&model_m")
+    counted = submit(hook, comment="aigc:type=batch,model=m", tres_per_node="gres:gpu:1", features="[a100*1&t4*1]")
+    assert "prefer" not in counted.changes
+
+
+def test_model_id_is_sanitised(tmp_path: Path) -> None:
+    hook = runtime_for(tmp_path, **{"rewrites.model_prefer": {"published_features_file": None}})
+    result = submit(hook, comment="aigc:type=infer,model=meta-llama//Llama-3-8B! more", tres_per_node="gres:gpu:1")
+    # The tag value ends at whitespace; cleaned like the publisher's model_feature().
+    assert result.changes["prefer"] == (None, model_feature("meta-llama//Llama-3-8B!"))
+    long_id = submit(hook, comment="aigc:type=infer,model=" + "m" * 100, tres_per_node="gres:gpu:1")
+    assert long_id.changes["prefer"] == (None, model_feature("m" * 100))
+
+
+def test_class_defaults_apply_only_to_unset_fields_and_usable_partitions(tmp_path: Path) -> None:
+    hook = runtime_for(tmp_path, **{"classes.imagegen": {"partition": "gpu", "qos": "short", "time_minutes": 120}})
+    result = submit(hook, comment="aigc:type=imagegen,share=no")
+    assert result.changes["partition"] == (None, "gpu")
+    assert result.changes["qos"] == (None, "short")
+    assert result.changes["time_limit"] == (None, 120)
+    user_set = submit(hook, comment="aigc:type=imagegen,share=no", partition="other", qos="long", time_limit=30)
+    assert not {"partition", "qos", "time_limit"} & set(user_set.changes)
+
+
+def test_class_default_partition_the_user_cannot_use_is_skipped(tmp_path: Path) -> None:
+    hook = runtime_for(tmp_path, **{"classes.train": {"partition": "big"}})
+    result = submit(hook, comment="aigc:type=train")
+    assert "partition" not in result.changes  # "big" is not in part_list
+
+
+def test_class_default_time_above_partition_max_is_skipped(tmp_path: Path) -> None:
+    hook = runtime_for(tmp_path, **{"classes.train": {"time_minutes": 600}})
+    parts = {"gpu": {"name": "gpu", "max_time": 60, "flag_default": 1}}
+    result = hook.submit({"comment": "aigc:type=train", "script": SCRIPT, "partition": "gpu"}, submit_uid=ALICE, partitions=parts)
+    assert "time_limit" not in result.changes
+    unlimited = hook.submit({"comment": "aigc:type=train", "script": SCRIPT, "partition": "gpu"}, submit_uid=ALICE,
+                            partitions={"gpu": {"name": "gpu", "max_time": INFINITE}})
+    assert unlimited.changes["time_limit"] == (None, 600)
+
+
+@pytest.mark.parametrize("fields", [
+    {"comment": "aigc:type=infer,vram=20G", "tres_per_node": "gres:gpu:1", "script": None},  # srun: interactive
+    {"comment": "aigc:type=interactive", "tres_per_node": "gres:gpu:1"},
+    {"comment": "just text", "tres_per_node": "gres:gpu:8"},
+    {"comment": None, "tres_per_node": "gres:gpu:1", "name": "notebook"},
+])
+def test_interactive_and_unknown_jobs_are_untouched(hook: HookRuntime, fields: dict[str, Any]) -> None:
+    fields = {"script": SCRIPT, "name": "job", **fields}
+    if fields.get("script") is None and "aigc:type=interactive" not in str(fields.get("comment")):
+        fields["comment"] = None  # srun with no tag
+    result = hook.submit(fields, submit_uid=ALICE)
+    assert result.rc == SUCCESS and result.changes == {} and result.messages == []
+    assert result.job_class in ("interactive", "unknown")
+
+
+def test_root_is_untouched(hook: HookRuntime) -> None:
+    result = submit(hook, uid=0, comment="aigc:type=infer,vram=20G", tres_per_node="gres:gpu:1")
+    assert result.rc == SUCCESS and result.changes == {}
+
+
+def test_untagged_job_classified_by_name_and_gpu_count(hook: HookRuntime) -> None:
+    named = submit(hook, name="llama-SFT-run", tres_per_node="gres:gpu:2")
+    assert named.job_class == "finetune"
+    assert named.changes["features"] == (None, "a100")
+    no_gpu = submit(hook, name="vllm-serve")  # infer rule needs min_gpus: 1
+    assert no_gpu.job_class == "unknown" and no_gpu.changes == {}
+
+
+def test_comment_class_is_not_duplicated(hook: HookRuntime) -> None:
+    result = submit(hook, comment="aigc:type=batch aigc_class=batch", tres_per_node="gres:gpu:1")
+    assert "comment" not in result.changes
+
+
+def test_malformed_tag_is_ignored_and_reported_in_lenient_mode(hook: HookRuntime) -> None:
+    result = submit(hook, comment="aigc:type=infer,vram=lots,color=red", tres_per_node="gres:gpu:1")
+    assert result.rc == SUCCESS and result.job_class == "infer"
+    assert "tres_per_node" not in result.changes
+    assert any("vram=lots" in m and "color=red" in m for m in result.messages)
+
+
+def test_strict_mode_rejects_naming_the_bad_part_and_the_fix(tmp_path: Path) -> None:
+    hook = runtime_for(tmp_path, hook={"strict_tags": True})
+    result = submit(hook, comment="aigc:type=infer,vram=lots", tres_per_node="gres:gpu:1")
+    assert result.rc == ERROR and result.changes == {}
+    assert result.user_msg is not None and "vram=lots" in result.user_msg and "vram=20G" in result.user_msg
+    good = submit(hook, comment="aigc:type=infer,vram=20G", tres_per_node="gres:gpu:1")
+    assert good.rc == SUCCESS
+
+
+def test_every_rewrite_is_logged_with_the_aigc_tag_and_told_to_the_user(hook: HookRuntime) -> None:
+    result = submit(hook, comment="aigc:type=infer,vram=20G", tres_per_node="gres:gpu:1")
+    logged = result.logged("log")
+    assert len(logged) == len(result.changes)
+    assert all(line.startswith("aigc: rewrite ") for line in logged)
+    assert len(result.messages) == len(result.changes)
+
+
+def test_gpus_per_job_becomes_shards_per_node(hook: HookRuntime) -> None:
+    result = submit(hook, comment="aigc:type=infer,vram=8G", tres_per_job="gres:gpu:1")
+    assert result.changes["tres_per_job"] == ("gres:gpu:1", None)
+    assert result.changes["tres_per_node"] == (None, "gres:shard:8")
+
+
+def test_other_gres_entries_are_kept(hook: HookRuntime) -> None:
+    result = submit(hook, comment="aigc:type=infer,vram=8G", tres_per_node="gres:license_x:1,gres:gpu:1")
+    assert result.changes["tres_per_node"] == ("gres:license_x:1,gres:gpu:1", "gres:license_x:1,gres:shard:8")
+
+
+def test_cpus_per_gpu_blocks_the_shard_rewrite(hook: HookRuntime) -> None:
+    result = submit(hook, comment="aigc:type=infer,vram=8G", tres_per_node="gres:gpu:1", cpus_per_tres="gres:gpu:4")
+    assert "tres_per_node" not in result.changes
+
+
+def test_unparseable_gres_is_left_alone(hook: HookRuntime) -> None:
+    result = submit(hook, comment="aigc:type=infer,vram=8G", tres_per_node="gres:gpu:a100:x:y")
+    assert "tres_per_node" not in result.changes and result.rc == SUCCESS
+
+
+def test_modify_retags_a_pending_job_without_touching_its_gres(hook: HookRuntime) -> None:
+    record = {"job_state": 0, "comment": "old", "gres": "gres:gpu:1", "name": "job", "min_nodes": 1}
+    result = hook.modify({"comment": "aigc:type=infer,vram=20G"}, record, modify_uid=ALICE)
+    # 22.05 fails the whole `scontrol update` when job_modify changes the GRES of a pending job.
+    assert not {"tres_per_node", "tres_per_job"} & set(result.changes)
+    assert result.changes["features"] == (None, "a100")  # vram_fit still keeps it off t4
+    assert result.changes["comment"] == ("aigc:type=infer,vram=20G", "aigc:type=infer,vram=20G aigc_class=infer")
+    # 22.05 discards log_user in job_modify (with an error line): only the log is written.
+    assert result.messages == [] and result.logged("log")
+
+
+def test_modify_of_running_or_unrelated_fields_does_nothing(hook: HookRuntime) -> None:
+    running = {"job_state": 1, "comment": "aigc:type=infer,vram=20G", "gres": "gres:gpu:1"}
+    assert hook.modify({"comment": "aigc:type=train"}, running, modify_uid=ALICE).changes == {}
+    pending = {"job_state": 0, "comment": "aigc:type=infer,vram=20G aigc_class=infer", "gres": "gres:shard:20"}
+    assert hook.modify({"time_limit": 30}, pending, modify_uid=ALICE).changes == {}
+
+
+def test_modify_does_not_duplicate_the_class(hook: HookRuntime) -> None:
+    record = {"job_state": 0, "comment": "x aigc_class=batch", "gres": "gres:gpu:1"}
+    result = hook.modify({"comment": "aigc:type=batch aigc_class=batch"}, record, modify_uid=ALICE)
+    assert "comment" not in result.changes
+
+
+def test_reclaim_opt_out_is_a_valid_key_for_the_hook(tmp_path: Path) -> None:
+    hook = runtime_for(tmp_path, hook={"strict_tags": True})
+    result = submit(hook, comment="aigc:type=infer,reclaim=no,vram=20G", tres_per_node="gres:gpu:1")
+    assert result.rc == SUCCESS and result.changes["tres_per_node"] == ("gres:gpu:1", "gres:shard:20")
+    assert submit(hook, comment="aigc:type=infer,reclaim=maybe").rc == ERROR

@@ -1,0 +1,80 @@
+"""`slurm-aigc policy ...` and `slurm-aigc classify` through click's CliRunner."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from click.testing import CliRunner
+
+from slurm_aigc.cli.policy import classify, policy
+from slurm_aigc.errors import ConfigError
+from slurm_aigc.policy.paths import shipped_policy
+
+POLICY = str(shipped_policy())
+
+
+def run_classify(*args: str) -> dict[str, object]:
+    result = CliRunner().invoke(classify, ["--policy", POLICY, "--tres-style", "22.05", "--json", *args])
+    assert result.exit_code == 0, result.output
+    document: dict[str, object] = json.loads(result.stdout)
+    return document
+
+
+def test_classify_json_has_exactly_the_contract_keys() -> None:
+    out = run_classify("--comment", "exp42 aigc:type=infer,vram=20G", "--gres", "gpu:1")
+    assert set(out) == {"class", "result", "changes", "messages"}
+    assert out["class"] == "infer" and out["result"] == "accept"
+    assert out["changes"]["tres_per_node"] == ["gres:gpu:1", "gres:shard:20"]  # type: ignore[index]
+    assert out["changes"]["features"] == [None, "a100"]  # type: ignore[index]
+    assert isinstance(out["messages"], list) and out["messages"]
+
+
+def test_classify_reject_exits_zero(tmp_path: Path) -> None:
+    document = yaml.safe_load(shipped_policy().read_text())
+    document["hook"]["strict_tags"] = True
+    strict = tmp_path / "strict.yaml"
+    strict.write_text(yaml.safe_dump(document))
+    result = CliRunner().invoke(classify, ["--policy", str(strict), "--tres-style", "22.05", "--json",
+                                           "--comment", "aigc:vram=huge", "--gres", "gpu:1"])
+    assert result.exit_code == 0
+    out = json.loads(result.stdout)
+    assert out["result"] == "reject" and out["changes"] == {} and "vram=huge" in out["messages"][0]
+
+
+def test_classify_root_interactive_and_untagged_change_nothing() -> None:
+    assert run_classify("--comment", "aigc:type=infer,vram=20G", "--gres", "gpu:1", "--user-id", "0")["changes"] == {}
+    interactive = run_classify("--gres", "gpu:1", "--interactive")
+    assert interactive["class"] == "interactive" and interactive["changes"] == {}
+    assert run_classify("--comment", "hello", "--gres", "gpu:1")["class"] == "unknown"
+
+
+def test_classify_24_style_and_gpus_per_job() -> None:
+    result = CliRunner().invoke(classify, ["--policy", POLICY, "--tres-style", "23.02", "--json",
+                                           "--comment", "aigc:type=train", "--gpus", "8", "--nodes", "1"])
+    out = json.loads(result.stdout)
+    assert out["changes"]["features"] == [None, "a100"]
+    text = CliRunner().invoke(classify, ["--policy", POLICY, "--tres-style", "23.02", "--comment", "aigc:type=infer,vram=8G",
+                                         "--gres", "gpu:1"])
+    assert "change:  tres_per_node: gres/gpu:1 -> gres/shard:8" in text.stdout
+
+
+def test_check_render_install(tmp_path: Path) -> None:
+    runner = CliRunner()
+    checked = runner.invoke(policy, ["check", "--policy", POLICY])
+    assert checked.exit_code == 0 and checked.stdout.startswith("ok: ")
+    table = runner.invoke(policy, ["render", "--policy", POLICY, "--table-only"])
+    assert table.stdout.startswith("local AIGC_POLICY = {")
+    installed = runner.invoke(policy, ["install", "--policy", POLICY, "--slurm-conf-dir", str(tmp_path)])
+    assert installed.exit_code == 0, installed.output
+    assert (tmp_path / "job_submit.lua").read_text() == runner.invoke(policy, ["render", "--policy", POLICY]).stdout
+
+
+def test_check_reports_config_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("inventory: {gpu_types: {a100: {memory_gib: 80, colour: red}}}\nclasses: {interactive: {}}\n")
+    result = CliRunner().invoke(policy, ["check", "--policy", str(bad)])
+    assert isinstance(result.exception, ConfigError)
+    assert "inventory.gpu_types.a100" in str(result.exception) and "colour" in str(result.exception)
+    assert result.exception.exit_code == 2

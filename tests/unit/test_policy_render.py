@@ -1,0 +1,81 @@
+"""Rendering: Lua literals survive any text, globs become anchored Lua patterns, the file parses."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from lupa import lua51
+
+from slurm_aigc.policy.loader import load_policy
+from slurm_aigc.policy.paths import shipped_policy
+from slurm_aigc.policy.render import (
+    MARKER,
+    glob_to_lua_pattern,
+    lua_string,
+    lua_value,
+    policy_table,
+    render_hook,
+)
+
+LUA = lua51.LuaRuntime(encoding=None)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text())
+def test_lua_string_round_trips_any_text(text: str) -> None:
+    assert LUA.eval(lua_string(text).encode()) == text.encode("utf-8")
+
+
+@settings(max_examples=300, deadline=None)
+@given(glob=st.text(alphabet="ab*?.%[]()-+^$", max_size=6), name=st.text(alphabet="ab.%[]()-+^$", max_size=8))
+def test_glob_pattern_agrees_with_fnmatch(glob: str, name: str) -> None:
+    if "[" in glob:  # fnmatch gives [] a meaning our globs do not have
+        return
+    lua_find = LUA.eval(b"function(s, p) return string.find(s, p) ~= nil end")
+    assert lua_find(name.encode(), glob_to_lua_pattern(glob).encode()) == fnmatch.fnmatchcase(name.lower(), glob.lower())
+
+
+def test_policy_table_evaluates_to_the_same_data() -> None:
+    policy = load_policy(shipped_policy())
+    table = policy_table(policy)
+    lua_table = LUA.eval(lua_value(table).encode())
+    types = lua_table[b"inventory"][b"gpu_types"]
+    assert [types[i][b"name"] for i in (1, 2)] == [b"t4", b"a100"]
+    assert lua_table[b"rewrites"][b"shard"][b"max_fraction"] == policy.rewrites.shard.max_fraction
+    assert lua_table[b"classes"][b"infer"] is not None
+
+
+def test_rendered_hook_is_deterministic_self_contained_and_marked() -> None:
+    policy = load_policy(shipped_policy())
+    first, second = render_hook(policy), render_hook(policy)
+    assert first == second and first.startswith(MARKER)
+    assert not re.search(r"\brequire\s*[(\"']", first) and not re.search(r"package\.path\s*=", first)
+    assert first.rstrip().endswith("return slurm.SUCCESS")
+
+
+@pytest.mark.skipif(shutil.which("luac5.1") is None, reason="luac5.1 (Debian lua5.1) not installed")
+def test_rendered_hook_passes_luac(tmp_path: Path) -> None:
+    path = tmp_path / "job_submit.lua"
+    path.write_text(render_hook(load_policy(shipped_policy())))
+    result = subprocess.run(["luac5.1", "-p", str(path)], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.skipif(shutil.which("luac5.1") is None, reason="luac5.1 (Debian lua5.1) not installed")
+def test_hook_touches_only_known_globals(tmp_path: Path) -> None:
+    """A typo'd local becomes a global read at run time; only Lua's libraries and Slurm's names may appear."""
+    path = tmp_path / "job_submit.lua"
+    path.write_text(render_hook(load_policy(shipped_policy())))
+    listing = subprocess.run(["luac5.1", "-l", "-p", str(path)], capture_output=True, text=True, check=True).stdout
+    names = set(re.findall(r"[GS]ETGLOBAL.*;\s*(\w+)", listing))
+    allowed = {"assert", "error", "io", "ipairs", "math", "os", "pairs", "pcall", "slurm", "string", "table",
+               "tonumber", "tostring", "type", "AIGC_LAST_CLASS", "slurm_job_submit", "slurm_job_modify"}
+    assert names <= allowed, names - allowed
+    assert {"slurm_job_submit", "slurm_job_modify"} <= names

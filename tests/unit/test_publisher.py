@@ -1,0 +1,300 @@
+"""The publisher: GRES and comment parsing, feature naming/ownership, planning, and a tick
+against a fake Slurm (with `scontrol reconfigure` forgetting updates) and a SQLite store."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from slurm_aigc.db import open_database
+from slurm_aigc.slurm import NodeInfo, SlurmCli, node_from_fields, parse_key_values
+from slurm_aigc.telemetry import features as feat
+from slurm_aigc.telemetry.config import ScoringConfig
+from slurm_aigc.telemetry.gres import (
+    alloc_tres_gpus,
+    expand_nodes,
+    gres_busy_gpus,
+    gres_gpu_total,
+    job_gres_by_nodes,
+    node_gpu_allocations,
+    split_gres,
+)
+from slurm_aigc.telemetry.publisher import (
+    Publisher,
+    islands_from_features,
+    node_view,
+    parse_comment_tags,
+    plan_cycle,
+)
+from slurm_aigc.telemetry.records import GpuReading, NodeReading
+from slurm_aigc.telemetry.store import TelemetryStore
+from tests.unit.telemetry_fakes import FakeJob, FakeNode, FakeSlurm
+
+SHARDS_IDLE = "shard:a100:0(IDX:N/A)"
+
+# --------------------------------------------------------------------------- gres
+
+
+def test_split_gres_keeps_commas_inside_parentheses() -> None:
+    text = "gpu:a100:2(IDX:0-1,4),shard:a100:8(8/80,0/80)"
+    assert split_gres(text) == ["gpu:a100:2(IDX:0-1,4)", "shard:a100:8(8/80,0/80)"]
+    assert split_gres("(null)") == [] and split_gres("") == []
+
+
+@pytest.mark.parametrize(
+    ("gres", "total"),
+    [("gpu:a100:8,shard:a100:640", 8), ("gpu:8(S:0-1)", 8), ("gpu:a100:4(S:0),gpu:t4:2(S:1)", 6),
+     ("shard:64", 0), ("(null)", 0), ("gpu:a100:", 0)],
+)
+def test_gpu_total_from_gres(gres: str, total: int) -> None:
+    assert gres_gpu_total(gres) == total
+
+
+def test_busy_gpus_from_whole_allocations_and_from_shards() -> None:
+    assert gres_busy_gpus("gpu:a100:3(IDX:0-1,4)," + SHARDS_IDLE) == (3, frozenset({0, 1, 4}))
+    assert gres_busy_gpus("gpu:a100:0(IDX:N/A),shard:a100:30(0/80,20/80,10/80,0/80)") == (2, frozenset({1, 2}))
+    # Slurm 22.05 as the local cluster prints it: shards on GPU 0, two whole GPUs 1-2.
+    assert gres_busy_gpus("gpu:a100:2(IDX:1-2),shard:a100:1(IDX:0)") == (3, frozenset({0, 1, 2}))
+    assert gres_busy_gpus("gpu:t4:0(IDX:N/A),shard:t4:0(IDX:N/A)") == (0, frozenset())
+    assert gres_busy_gpus("gpu:a100:2") == (2, frozenset())  # count without indices
+    assert alloc_tres_gpus("cpu=4,mem=1G,gres/gpu=2,gres/gpu:a100=2") == 2
+    assert alloc_tres_gpus("cpu=4,gres/shard=10") == 0
+
+
+def test_job_gres_per_node_and_node_allocations() -> None:
+    line = ("JobId=7 JobName=x JobState=RUNNING NodeList=a100-[01-02] "
+            "Nodes=a100-01 CPU_IDs=0-1 Mem=0 GRES=gpu:a100:2(IDX:0-1) "
+            "Nodes=a100-02 CPU_IDs=0 Mem=0 GRES=gpu:a100:1(IDX:5) Features=(null)")
+    assert job_gres_by_nodes(line) == [("a100-01", frozenset({0, 1})), ("a100-02", frozenset({5}))]
+    others = ["JobId=8 JobState=RUNNING Nodes=a100-[01-02] CPU_IDs=2 Mem=0 GRES=shard:a100:10(IDX:3)",
+              "JobId=9 JobState=PENDING Nodes=a100-02 CPU_IDs=2 Mem=0 GRES=gpu:a100:1(IDX:6)"]
+    text = "\n".join([line, *others])
+    assert node_gpu_allocations(text, "a100-02") == {"7": frozenset({5}), "8": frozenset({3})}
+    assert expand_nodes("a100-[01-02],t4-01") == ["a100-01", "a100-02", "t4-01"]
+    assert expand_nodes("a100-[01") == [] and expand_nodes("(null)") == []
+
+
+# --------------------------------------------------------------------------- comments and features
+
+
+@pytest.mark.parametrize(
+    ("comment", "tags"),
+    [
+        ("aigc:class=infer,model=llama3-8b", {"class": "infer", "model": "llama3-8b"}),
+        ("aigc:type=infer,model=llama3-8b,vram=20G", {"type": "infer", "model": "llama3-8b", "vram": "20G"}),
+        ("nightly run aigc:model=sdxl;class=train trailing words", {"model": "sdxl", "class": "train"}),
+        ("aigc_class=infer aigc:model=qwen2", {"class": "infer", "model": "qwen2"}),
+        ("model=not-ours aigc: garbage=== ,,=x", {}),
+        ("", {}),
+        ("aigc:model=", {}),
+    ],
+)
+def test_comment_tags_read_only_aigc_pairs(comment: str, tags: dict[str, str]) -> None:
+    assert parse_comment_tags(comment) == tags
+
+
+def test_feature_names() -> None:
+    assert feat.gpu_type_feature("NVIDIA A100-SXM4-80GB") == "a100"
+    assert feat.gpu_type_feature("Tesla T4") == "t4"
+    assert feat.gpu_type_feature("NVIDIA H100 80GB HBM3") == "h100"
+    assert feat.gpu_type_feature("NVIDIA GeForce RTX 3090") == "rtx3090"
+    assert feat.gpu_type_feature("NVIDIA L40S") == "l40s"
+    assert feat.gpu_type_feature(None) is None
+    assert [feat.memory_class_feature(m) for m in (81920, 15360, 46068, 143771, 24576)] == [
+        "vram80g", "vram16g", "vram48g", "vram141g", "vram24g"]
+    assert feat.nvlink_features([[0, 1, 2, 3, 4, 5, 6, 7]]) == ("nvlink", "nvlink8")
+    assert feat.nvlink_features([[0], [1]]) == ()
+    assert feat.nvfree_features(6) == ("nvfree2", "nvfree4", "nvfree6")
+    assert feat.nvfree_features(8) == ("nvfree2", "nvfree4", "nvfree8")
+    assert feat.nvfree_features(1) == ()
+    assert feat.model_feature("meta-llama/Llama-3 8B!") == "model_meta-llama_Llama-3_8B"
+    assert feat.model_feature("///") is None
+
+
+def test_merge_never_drops_foreign_features() -> None:
+    current = ("ib", "a100", "nvfree8", "model_old", "rack7")
+    merged = feat.merge_features(current, ["nvfree4", "model_new"], feat.is_dynamic_feature)
+    assert merged == ("ib", "a100", "rack7", "model_new", "nvfree4")
+    static = feat.merge_features(merged, ["a100", "vram80g"], feat.is_static_feature)
+    assert static == ("ib", "rack7", "model_new", "nvfree4", "a100", "vram80g")
+
+
+def test_islands_from_the_agents_nvlink_feature() -> None:
+    assert islands_from_features(8, ["a100", "nvlink8"]) == [list(range(8))]
+    assert islands_from_features(8, ["nvlink", "nvlink4"]) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert islands_from_features(4, ["t4"]) == [[0], [1], [2], [3]]
+
+
+def test_node_view_free_sets_from_gres_used() -> None:
+    fake = FakeNode("a100-01", features=["a100", "nvlink8"], gres_used="gpu:a100:2(IDX:0-1)," + SHARDS_IDLE)
+    view = node_view(node_from_fields(parse_key_values(fake.line(detail=True))), 30.0, frozenset())
+    assert (view.gpus_total, view.gpus_alloc, view.free_nvlink_set) == (8, 2, 6)
+    # Without -d there is no GresUsed: the count comes from AllocTRES.
+    fake.alloc_gpus = 3
+    plain = node_view(node_from_fields(parse_key_values(fake.line(detail=False))), None, frozenset())
+    assert (plain.gpus_alloc, plain.free_nvlink_set) == (3, 5)
+
+
+# --------------------------------------------------------------------------- planning (pure)
+
+
+def nodes_of(fakes: list[FakeNode]) -> list[NodeInfo]:
+    return [node_from_fields(parse_key_values(f.line(detail=True))) for f in fakes]
+
+
+def test_plan_cycle_publishes_features_and_weights_and_models() -> None:
+    fakes = [
+        FakeNode("a100-01", features=["a100", "nvlink8", "ib"]),
+        FakeNode("a100-02", features=["a100", "nvlink8"], gres_used="gpu:a100:2(IDX:0-1)," + SHARDS_IDLE),
+        FakeNode("cpu-01", gres="(null)", gres_used="(null)"),
+    ]
+    jobs = [FakeJob("11", "a100-02", comment="aigc:class=infer,model=llama3-8b"),
+            FakeJob("12", "a100-02", comment="aigc:type=train,model=not-served"),
+            FakeJob("14", "a100-02", comment="aigc:type=infer,model=sdxl,vram=20G", state="COMPLETED"),
+            FakeJob("13", "a100-01", comment="aigc:model=qwen", state="PENDING")]
+    fake_slurm = FakeSlurm(fakes, jobs)
+    slurm_jobs = SlurmCli(runner=fake_slurm).jobs()
+    plans = {p.node: p for p in plan_cycle(nodes_of(fakes), slurm_jobs, {"a100-01": 80.0, "a100-02": 10.0}, {},
+                                            ScoringConfig())}
+    assert set(plans) == {"a100-01", "a100-02"}  # a CPU node is left alone
+    assert plans["a100-01"].features_after == ("a100", "nvlink8", "ib", "nvfree2", "nvfree4", "nvfree8")
+    assert plans["a100-02"].features_after == ("a100", "nvlink8", "model_llama3-8b", "nvfree2", "nvfree4", "nvfree6")
+    assert plans["a100-01"].weight_after is not None and plans["a100-02"].weight_after is not None
+
+
+def test_hysteresis_and_reassert() -> None:
+    fake = FakeNode("a100-01", features=["a100", "nvlink8", "nvfree2", "nvfree4", "nvfree8"], weight=50)
+    config = ScoringConfig(hysteresis=10, policies={"cool_first": 1.0})
+    nodes = nodes_of([fake])
+    # cool_first with 48 % util wants round(100 - 0.52*99) = 49: within the band of the 50 we wrote -> nothing.
+    assert plan_cycle(nodes, [], {"a100-01": 48.0}, {"a100-01": 50}, config) == []
+    # 30 % wants round(100 - 0.70*99) = 31: outside the band -> written.
+    (plan,) = plan_cycle(nodes, [], {"a100-01": 30.0}, {"a100-01": 50}, config)
+    assert (plan.weight_before, plan.weight_after, plan.features_after) == (50, 31, None)
+    # Slurm shows 1 after a reconfigure although we wrote 49: re-assert even inside the band.
+    fake.weight = 1
+    (plan,) = plan_cycle(nodes_of([fake]), [], {"a100-01": 48.0}, {"a100-01": 49}, config)
+    assert plan.weight_after == 49 and "re-assert" in plan.reason
+
+
+def test_thousand_nodes_plan_in_well_under_a_second() -> None:
+    # A correctness check at scale (every node planned once); the timing target lives in the benchmark.
+    fakes = [FakeNode(f"gpu-{i:04d}", features=["a100", "nvlink8"]) for i in range(1000)]
+    plans = plan_cycle(nodes_of(fakes), [], {}, {}, ScoringConfig())
+    assert len(plans) == 1000 and all(p.features_after for p in plans)
+
+
+# --------------------------------------------------------------------------- the daemon part
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> TelemetryStore:
+    return TelemetryStore(open_database(f"sqlite:///{tmp_path / 'state.db'}"))
+
+
+def add_util(store: TelemetryStore, node: str, util: float, ts: float) -> None:
+    gpus = tuple(GpuReading(index=i, sm_util_pct=util, memory_total_mib=81920.0) for i in range(8))
+    reading = NodeReading(node, datetime.fromtimestamp(ts, UTC), "sim", gpus)
+    store.write_poll(reading, {}, [])
+
+
+def test_tick_writes_then_stays_quiet_then_reasserts_after_reconfigure(store: TelemetryStore) -> None:
+    now = time.time()
+    fakes = [FakeNode("a100-01", features=["a100", "ib"]), FakeNode("a100-02", features=["a100", "nvlink8"])]
+    slurm = FakeSlurm(fakes, [FakeJob("5", "a100-01", comment="aigc:class=infer,model=sdxl")])
+    add_util(store, "a100-01", 90.0, now - 10)
+    add_util(store, "a100-02", 5.0, now - 10)
+    add_util(store, "a100-02", 95.0, now - 3600)  # outside the window: ignored
+    publisher = Publisher(SlurmCli(runner=slurm), store, ScoringConfig(), clock=lambda: now)
+
+    first = publisher.tick()
+    assert {p.node for p in first} == {"a100-01", "a100-02"}
+    assert slurm.nodes["a100-01"].features[:2] == ["a100", "ib"]  # admin features kept, first
+    assert "model_sdxl" in slurm.nodes["a100-01"].features and "nvfree8" in slurm.nodes["a100-02"].features
+    assert slurm.nodes["a100-01"].weight > slurm.nodes["a100-02"].weight  # busier -> higher weight
+
+    updates = len(slurm.updates())
+    assert publisher.tick() == [] and len(slurm.updates()) == updates
+
+    slurm.nodes["a100-02"].conf_features = ["a100"]  # nvlink8 came from the agent's `scontrol update`
+    SlurmCli(runner=slurm).reconfigure()
+    assert slurm.nodes["a100-01"].features == ["a100", "ib"] and slurm.nodes["a100-01"].weight == 1
+    again = publisher.tick()
+    assert {p.node for p in again} == {"a100-01", "a100-02"}
+    assert "model_sdxl" in slurm.nodes["a100-01"].features and slurm.nodes["a100-01"].weight > 1
+    assert "nvfree8" in slurm.nodes["a100-02"].features  # islands remembered while the agent's feature is gone
+
+    records = store.publications("a100-01")
+    assert len(records) == 2 and not any(r.dry_run for r in records)
+    assert records[1].weight_before == 1 and records[1].features_before == ("a100", "ib")
+
+
+def test_a_restarted_publisher_remembers_its_weights(store: TelemetryStore) -> None:
+    slurm = FakeSlurm([FakeNode("a100-01", features=["a100"])])
+    Publisher(SlurmCli(runner=slurm), store, ScoringConfig()).tick()
+    written = slurm.nodes["a100-01"].weight
+    slurm.nodes["a100-01"].weight = written + 2  # e.g. restored from slurm.conf by a restart
+    Publisher(SlurmCli(runner=slurm), store, ScoringConfig(hysteresis=50)).tick()
+    assert slurm.nodes["a100-01"].weight == written
+
+
+def test_features_the_agent_wrote_meanwhile_survive_the_write(store: TelemetryStore) -> None:
+    fake = FakeNode("a100-01", features=["a100"])
+    slurm = FakeSlurm([fake], [FakeJob("3", "a100-01", comment="aigc:model=whisper")])
+    original = slurm.__call__
+
+    def runner(argv, timeout_s, stdin=None):  # type: ignore[no-untyped-def]
+        if list(argv)[:4] == ["scontrol", "show", "node", "-o"]:  # the re-read right before the write
+            fake.features = ["a100", "nvlink8", "vram80g"]
+        return original(argv, timeout_s, stdin)
+
+    Publisher(SlurmCli(runner=runner), store, ScoringConfig()).tick()
+    assert fake.features == ["a100", "nvlink8", "vram80g", "model_whisper"]
+
+
+def test_dry_run_writes_nothing_and_records_each_change_once(store: TelemetryStore) -> None:
+    slurm = FakeSlurm([FakeNode("a100-01", features=["a100", "nvlink8"])])
+    publisher = Publisher(SlurmCli(runner=slurm), store, ScoringConfig(), dry_run=True)
+    assert len(publisher.tick()) == 1
+    assert publisher.tick() == []
+    assert slurm.updates() == [] and slurm.nodes["a100-01"].features == ["a100", "nvlink8"]
+    (record,) = store.publications()
+    assert record.dry_run and "nvfree8" in (record.features_after or ())
+
+
+def test_a_slurm_outage_fails_the_tick_for_the_loop_to_back_off(store: TelemetryStore) -> None:
+    slurm = FakeSlurm([FakeNode("a100-01")])
+    slurm.down = True
+    with pytest.raises(Exception, match="Unable to contact"):
+        Publisher(SlurmCli(runner=slurm), store, ScoringConfig()).tick()
+
+
+def test_models_listed_for_the_hook_only_while_slurm_has_them(store: TelemetryStore, tmp_path: Path) -> None:
+    listing = tmp_path / "published-features.txt"
+    job = FakeJob("5", "a100-01", comment="aigc:type=infer,model=sdxl aigc_class=infer")
+    slurm = FakeSlurm([FakeNode("a100-01", features=["a100"])], [job])
+    config = ScoringConfig(published_features_file=str(listing))
+    publisher = Publisher(SlurmCli(runner=slurm), store, config)
+    publisher.tick()
+    assert listing.read_text() == "model_sdxl\n" and "model_sdxl" in slurm.nodes["a100-01"].features
+
+    job.state = "COMPLETED"
+    seen_while_removing: list[str] = []
+    original = slurm._update
+
+    def update(args: list[str], pairs: list[str]):  # type: ignore[no-untyped-def]
+        seen_while_removing.append(listing.read_text())  # what the hook could read during the write
+        return original(args, pairs)
+
+    slurm._update = update  # type: ignore[method-assign]
+    publisher.tick()
+    assert seen_while_removing == [""] and listing.read_text() == ""
+    assert "model_sdxl" not in slurm.nodes["a100-01"].features
+
+    dry = tmp_path / "dry.txt"
+    job.state = "RUNNING"
+    Publisher(SlurmCli(runner=slurm), store, ScoringConfig(published_features_file=str(dry)), dry_run=True).tick()
+    assert not dry.exists()

@@ -1,0 +1,192 @@
+"""The controller tick against a fake Slurm and a real (temporary) SQLite database."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from sqlalchemy import text
+
+from slurm_aigc.cli import reclaim as cli
+from slurm_aigc.db import JobGpuSample, open_database, transaction
+from slurm_aigc.errors import DatabaseError, SlurmCommandError
+from slurm_aigc.reclaim.config import ClassPolicy, ReclaimConfig
+from slurm_aigc.reclaim.controller import Controller, StaleSamplesError
+from slurm_aigc.reclaim.fakes import FakeJob, FakeSlurm
+from slurm_aigc.reclaim.store import ReclaimStore
+from slurm_aigc.slurm import SlurmCli
+
+START = datetime.fromisoformat("2026-01-01T00:00:00").timestamp()
+POLICY = ClassPolicy(grace_s=10.0, window_s=60.0, min_samples=3)
+CONFIG = ReclaimConfig(dry_run=False, poll_interval_s=10.0, cooldown_s=30.0, defaults=POLICY)
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def db_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'state.db'}"
+
+
+def add_samples(url: str, job_id: str, gpus: int, until: float, util: float = 0.0, memory: float = 0.0,
+                busy_gpus: int = 0, node: str = "a100-01", start: float = START) -> None:
+    """Samples every 10 s from `start` to `until` (GPUs below `busy_gpus` at 97 %)."""
+    with transaction(open_database(url)) as session:
+        ts = start
+        while ts <= until:
+            for gpu in range(gpus):
+                busy = gpu < busy_gpus
+                session.add(JobGpuSample(ts=ts, node=node, job_id=job_id, gpu_index=gpu,
+                                         sm_util_pct=97.0 if busy else util, memory_used_mib=memory,
+                                         memory_total_mib=81920.0, power_draw_w=350.0 if busy else 60.0,
+                                         power_limit_w=400.0, shared=False))
+            ts += 10.0
+
+
+def make(url: str, fake: FakeSlurm, now: float, config: ReclaimConfig = CONFIG, **kw: object) -> tuple[Controller, Clock]:
+    clock = Clock(now)
+    store = ReclaimStore(open_database(url))
+    return Controller(SlurmCli(runner=fake), store, config, clock=clock, **kw), clock  # type: ignore[arg-type]
+
+
+def test_idle_job_notified_then_requeued_once(db_url: str) -> None:
+    fake = FakeSlurm(jobs={"7": FakeJob("7", gpus=1)})
+    add_samples(db_url, "7", 1, START + 200.0)
+    controller, clock = make(db_url, fake, START + 200.0)
+    first = controller.tick()
+    assert [(r.action, r.state) for r in first.results] == [("notify", "done")]
+    assert "aigc-reclaim: job 7 idle" in fake.jobs["7"].admin_comment
+    clock.now += 10.0
+    add_samples(db_url, "7", 1, START + 210.0)
+    assert controller.tick().results == ()  # cool-down
+    clock.now += 30.0
+    add_samples(db_url, "7", 1, START + 240.0)
+    second = controller.tick()
+    assert [(r.action, r.state) for r in second.results] == [("requeue", "done")]
+    assert fake.jobs["7"].restarts == 1
+    assert [r.observation_key for r in ReclaimStore(open_database(db_url)).audit()] == ["7/r0/idle/0:notify", "7/r0/idle/1:requeue"]
+
+
+def test_busy_and_exempt_and_no_requeue_jobs(db_url: str) -> None:
+    fake = FakeSlurm(jobs={
+        "1": FakeJob("1"),
+        "2": FakeJob("2", comment="aigc_class=interactive"),
+        "3": FakeJob("3", requeue=False),
+    })
+    add_samples(db_url, "1", 1, START + 200.0, busy_gpus=1)
+    add_samples(db_url, "2", 1, START + 200.0)
+    add_samples(db_url, "3", 1, START + 200.0)
+    controller, clock = make(db_url, fake, START + 200.0)
+    report = controller.tick()
+    assert [(r.job_id, r.action) for r in report.results] == [("3", "notify")]
+    views = {v.job.job_id: v for v in report.assessment.views}
+    assert views["1"].verdict.reason == "in use"
+    assert views["2"].verdict.kind == "idle" and "exempt: class interactive" in views["2"].plan.reason  # type: ignore[union-attr]
+    clock.now += 100.0
+    add_samples(db_url, "3", 1, START + 300.0)
+    add_samples(db_url, "2", 1, START + 300.0)
+    assert controller.tick().results == ()
+    assert not any(c[1] in {"requeue", "requeuehold"} for c in fake.mutations())
+
+
+def test_over_allocated_job_is_shrunk(db_url: str) -> None:
+    fake = FakeSlurm(jobs={"5": FakeJob("5", gpus=4)})
+    add_samples(db_url, "5", 4, START + 200.0, busy_gpus=1)
+    controller, clock = make(db_url, fake, START + 200.0)
+    assert [r.action for r in controller.tick().results] == ["notify"]
+    clock.now += 40.0
+    add_samples(db_url, "5", 4, START + 240.0, busy_gpus=1)
+    [shrink] = controller.tick().results
+    assert (shrink.action, shrink.state) == ("shrink", "done")
+    assert fake.jobs["5"].gpus == 1
+
+
+def test_stale_samples_mean_no_action(db_url: str) -> None:
+    fake = FakeSlurm(jobs={"7": FakeJob("7")})
+    add_samples(db_url, "7", 1, START + 200.0)
+    controller, _ = make(db_url, fake, START + 200.0 + CONFIG.stale_s + 1.0)
+    with pytest.raises(StaleSamplesError):
+        controller.tick()
+    assert fake.mutations() == []
+
+
+def test_slurmctld_down_fails_the_tick_but_publisher_still_runs(db_url: str) -> None:
+    fake = FakeSlurm(jobs={"7": FakeJob("7")}, down=True)
+    published: list[bool] = []
+    controller, _ = make(db_url, fake, START + 200.0, publisher_tick=lambda: published.append(True))
+    with pytest.raises(SlurmCommandError):
+        controller.tick()
+    assert published == [True]
+
+
+def test_database_down_means_no_action(db_url: str) -> None:
+    fake = FakeSlurm(jobs={"7": FakeJob("7")})
+    add_samples(db_url, "7", 1, START + 200.0)
+    controller, _ = make(db_url, fake, START + 200.0)
+    factory = open_database(db_url)
+    with factory() as session:
+        session.execute(text("DROP TABLE actions"))
+        session.commit()
+    with pytest.raises(DatabaseError):
+        controller.tick()
+    assert fake.mutations() == []
+
+
+def test_dry_run_override_changes_nothing(db_url: str) -> None:
+    fake = FakeSlurm(jobs={"7": FakeJob("7")})
+    add_samples(db_url, "7", 1, START + 200.0)
+    controller, _ = make(db_url, fake, START + 200.0, dry_run=True)
+    [result] = controller.tick().results
+    assert (result.action, result.state, result.dry_run) == ("notify", "skipped", True)
+    assert fake.mutations() == []
+
+
+def test_reconcile_runs_before_the_first_action(db_url: str) -> None:
+    fake = FakeSlurm(jobs={"7": FakeJob("7")})
+    add_samples(db_url, "7", 1, START + 200.0)
+    controller, _ = make(db_url, fake, START + 200.0)
+    store = ReclaimStore(open_database(db_url))
+    from slurm_aigc.reclaim.ladder import PlannedAction
+    store.record_intent(PlannedAction("7/r0/idle/0:notify", "7", "u", "a", "train", "idle", "notify", 0, False, 0, 1, 1,
+                                      None, "m"), {"restarts_before": 0}, START + 100.0)
+    report = controller.tick()
+    assert [(r.action, r.state) for r in report.reconciled] == [("notify", "failed")]
+    assert report.results == ()  # next step (requeue) waits for the cool-down after the reconciled notify
+
+
+def test_cli_idle_list_and_audit(db_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    fake = FakeSlurm(jobs={"7": FakeJob("7"), "8": FakeJob("8")})
+    now = datetime.now().timestamp()
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("reclaim:\n  poll_interval_s: 10\n  defaults: {grace_s: 10, window_s: 60, min_samples: 3}\n")
+    add_samples(db_url, "7", 1, now, start=now - 200.0)
+    add_samples(db_url, "8", 1, now, busy_gpus=1, start=now - 200.0)
+    monkeypatch.setattr(cli, "SlurmCli", lambda: SlurmCli(runner=fake))
+    monkeypatch.setenv("SLURM_AIGC_CONFIG", str(policy))
+    runner = CliRunner()
+    listed = runner.invoke(cli.idle, ["list", "--db", db_url, "--json"])
+    assert listed.exit_code == 0, listed.output
+    [entry] = json.loads(listed.output)
+    assert (entry["job_id"], entry["verdict"], entry["next"]["action"]) == ("7", "idle", "notify")
+    assert entry["evidence"][0]["max_util_pct"] == 0.0
+    explained = runner.invoke(cli.idle, ["explain", "8", "--db", db_url])
+    assert "verdict: none — in use" in explained.output
+    table = runner.invoke(cli.idle, ["list", "--db", db_url])
+    assert "would notify now" in table.output  # the shipped default is dry-run
+    ran = runner.invoke(cli.controller, ["--db", db_url, "--once", "--no-publisher"])
+    assert ran.exit_code == 0, ran.output
+    assert "dry-run: would notify job 7" in ran.output
+    assert fake.mutations() == []
+    audited = runner.invoke(cli.audit, ["--db", db_url, "--format", "json", "--job", "7", "--since", "1h"])
+    [row] = json.loads(audited.output)
+    assert (row["action"], row["state"], row["dry_run"]) == ("notify", "skipped", True)
+    assert runner.invoke(cli.audit, ["--db", db_url, "--action", "requeue"]).output.strip() == "no actions recorded"

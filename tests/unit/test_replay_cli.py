@@ -1,0 +1,208 @@
+"""`slurm-aigc replay convert|show` and `replay --from-sacct ... --output` through click's CliRunner."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import types
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+from sqlalchemy.orm import Session, sessionmaker
+
+from slurm_aigc.cli import replay as replay_cli
+from slurm_aigc.cli.replay import ReplayEnv, replay
+from slurm_aigc.db import JobGpuSample, open_database, transaction
+from slurm_aigc.replay.traces import DEFAULT_FILES
+from slurm_aigc.replay.workload import read_workload
+from slurm_aigc.report.sacct import DELIMITER, FIELDS
+from slurm_aigc.slurm import CommandResult
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "traces"
+FIXTURE_FILES = {
+    "alibaba-2023": "openb_pod_list_small.csv",
+    "genai-2026": "lora_request_trace_small.csv",
+    "philly": "pollux_philly_jobs_small.csv",
+}
+
+
+def traces_dir(tmp_path: Path) -> Path:
+    """The shared traces layout, holding the small fixtures."""
+    root = tmp_path / "traces"
+    for trace, name in FIXTURE_FILES.items():
+        target = root / DEFAULT_FILES[trace]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(FIXTURES / name, target)
+    return root
+
+
+def test_convert_writes_a_valid_workload_and_reports_skipped_rows(tmp_path: Path) -> None:
+    out = tmp_path / "w.csv"
+    result = CliRunner().invoke(
+        replay,
+        ["convert", "--trace", "philly", "--input", str(FIXTURES / FIXTURE_FILES["philly"]), "--output", str(out),
+         "--seed", "4", "--compression", "30", "--minutes", "2", "--load", "5", "--set", "finetune.loading_s=3"],
+    )
+    assert result.exit_code == 0, result.output
+    assert "philly: skipped 4 malformed row(s) of 9" in result.output
+    assert "gpu_time 999" in result.output
+    workload = read_workload(out)
+    assert workload.meta["seed"] == "4" and workload.meta["compression"] == "30"
+    params = json.loads(workload.meta["params"])
+    assert params["arrival_window_s"] == 120.0 and params["finetune"]["loading_s"] == 3.0
+    assert "class" in result.output and "finetune" in result.output
+
+
+def test_convert_mix_from_a_traces_folder_is_deterministic(tmp_path: Path) -> None:
+    root = traces_dir(tmp_path)
+    outputs = []
+    for name in ("a.csv", "b.csv"):
+        result = CliRunner().invoke(replay, ["convert", "--trace", "mix", "--input", str(root), "-o", str(tmp_path / name)])
+        assert result.exit_code == 0, result.output
+        outputs.append((tmp_path / name).read_text())
+    assert outputs[0] == outputs[1]
+    sources = {j.source.split(":")[0] for j in read_workload(tmp_path / "a.csv").jobs}
+    assert sources <= {"alibaba-2023", "genai-2026", "philly"} and len(sources) >= 2
+
+
+def test_convert_rejects_bad_options(tmp_path: Path) -> None:
+    path = str(FIXTURES / FIXTURE_FILES["philly"])
+    both = CliRunner().invoke(replay, ["convert", "--trace", "philly", "--input", path, "-o", str(tmp_path / "x.csv"),
+                                       "--minutes", "2", "--duration-s", "100"])
+    assert both.exit_code != 0 and "not both" in both.output
+    bad_set = CliRunner().invoke(replay, ["convert", "--trace", "philly", "--input", path, "-o", str(tmp_path / "x.csv"),
+                                          "--set", "nonsense"])
+    assert bad_set.exit_code != 0 and "KEY=VALUE" in bad_set.output
+    unknown = CliRunner().invoke(replay, ["convert", "--trace", "philly", "--input", path, "-o", str(tmp_path / "x.csv"),
+                                          "--set", "colour=blue"])
+    assert unknown.exit_code != 0
+    assert "unknown generator parameter" in str(unknown.exception)
+
+
+def test_show_prints_a_table_and_json(tmp_path: Path) -> None:
+    out = tmp_path / "w.csv"
+    CliRunner().invoke(replay, ["convert", "--trace", "alibaba-2023", "--input", str(FIXTURES / FIXTURE_FILES["alibaba-2023"]),
+                                "-o", str(out), "--load", "100", "--compression", "1", "--duration-s", "100000"])
+    table = CliRunner().invoke(replay, ["show", "--workload", str(out)])
+    assert table.exit_code == 0, table.output
+    assert table.output.splitlines()[0].split()[:3] == ["class", "jobs", "gpus"]
+    data = json.loads(CliRunner().invoke(replay, ["show", "--workload", str(out), "--json"]).output)
+    workload = read_workload(out)
+    assert data["jobs"] == len(workload.jobs)
+    assert sum(c["jobs"] for c in data["classes"]) == len(workload.jobs)
+    assert "params" not in data["meta"]
+
+
+def test_show_reports_a_broken_file_with_line_and_column(tmp_path: Path) -> None:
+    out = tmp_path / "w.csv"
+    CliRunner().invoke(replay, ["convert", "--trace", "philly", "--input", str(FIXTURES / FIXTURE_FILES["philly"]), "-o", str(out)])
+    lines = out.read_text().splitlines()
+    header_index = next(i for i, line in enumerate(lines) if line.startswith("name,"))
+    lines[header_index + 1] = lines[header_index + 1].replace(",finetune,", ",fine-tune,").replace(",train,", ",trian,")
+    out.write_text("\n".join(lines) + "\n")
+    result = CliRunner().invoke(replay, ["show", "--workload", str(out)])
+    assert result.exit_code != 0
+    assert f"line {header_index + 2}: column class" in str(result.exception)
+
+
+class FakeSacct:
+    """Answers `sacct` with recorded output and remembers the arguments."""
+
+    def __init__(self, lines: Sequence[str]) -> None:
+        self.text = "\n".join([DELIMITER.join(FIELDS), *lines]) + "\n"
+        self.calls: list[list[str]] = []
+
+    def run(self, tool: str, args: Sequence[str]) -> CommandResult:
+        self.calls.append([tool, *args])
+        return CommandResult((tool, *args), 0, self.text, "")
+
+
+def sacct_line(job_id: str, start: str, end: str, tres: str, comment: str, elapsed: int) -> str:
+    values = {
+        "JobID": job_id, "JobIDRaw": job_id, "JobName": "j", "User": "aigc-alice", "Account": "aigc", "Partition": "gpu",
+        "QOS": "normal", "State": "COMPLETED", "Submit": start, "Eligible": start, "Start": start, "End": end,
+        "AllocTRES": tres, "NodeList": "a100-01", "AdminComment": "", "Comment": comment, "ElapsedRaw": str(elapsed),
+    }
+    return DELIMITER.join(values[f] for f in FIELDS)
+
+
+def test_from_sacct_writes_a_workload_with_samples(tmp_path: Path) -> None:
+    fake = FakeSacct([
+        sacct_line("7", "2026-12-01T10:00:00", "2026-12-01T10:02:00", "cpu=1,gres/gpu=1,node=1", "aigc:type=infer,vram=10G", 120),
+        sacct_line("8", "2026-12-01T10:01:00", "2026-12-01T10:02:00", "cpu=1,node=1", "", 60),
+    ])
+    db_url = f"sqlite:///{tmp_path / 'state.db'}"
+    factory = open_database(db_url)
+    start = datetime.fromisoformat("2026-12-01T10:00:00").timestamp()
+    with transaction(factory) as session:
+        for i, util in enumerate([0.0, 90.0, 90.0, 0.0]):
+            session.add(JobGpuSample(ts=start + 30 * i, node="a100-01", job_id="7", gpu_index=0, sm_util_pct=util,
+                                     memory_used_mib=4096.0, memory_total_mib=81920.0))
+    env = ReplayEnv(slurm=lambda: fake, database=lambda url: open_database(url or db_url),
+                    now=lambda: datetime(2026, 12, 2, 0, 0))
+    out = tmp_path / "site.csv"
+    result = CliRunner().invoke(replay, ["--from-sacct", "--since", "2026-12-01", "--until", "2026-12-02", "--output", str(out),
+                                         "--db", db_url], obj=env)
+    assert result.exit_code == 0, result.output
+    assert "left out job 8: no GPUs or shards allocated" in result.output
+    assert "wrote 1 jobs" in result.output and "samples for 1 jobs" in result.output
+    assert any("--starttime=2026-12-01T00:00:00" in a for a in fake.calls[0])
+    (job,) = read_workload(out).jobs
+    assert [p.kind for p in job.profile] == ["loading", "busy", "idle"]
+    assert (job.job_class, job.vram_gib_per_gpu, job.mem_used_gib_per_gpu) == ("infer", 10.0, 4.0)
+
+
+def test_from_sacct_needs_an_output_and_finished_jobs(tmp_path: Path) -> None:
+    env = ReplayEnv(slurm=lambda: FakeSacct([]), database=_no_database, now=lambda: datetime(2026, 12, 2))
+    missing = CliRunner().invoke(replay, ["--from-sacct"], obj=env)
+    assert missing.exit_code != 0 and "--output" in missing.output
+    empty = CliRunner().invoke(replay, ["--from-sacct", "-o", str(tmp_path / "x.csv")], obj=env)
+    assert empty.exit_code != 0 and "no finished GPU jobs" in str(empty.exception)
+    bad_time = CliRunner().invoke(replay, ["--from-sacct", "--since", "yesterday-ish", "-o", str(tmp_path / "x.csv")], obj=env)
+    assert bad_time.exit_code != 0 and "not a time" in bad_time.output
+
+
+def _no_database(url: str | None) -> sessionmaker[Session]:
+    raise AssertionError("no database wanted here")
+
+
+def test_workload_option_validates_then_hands_over_to_the_runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "w.csv"
+    CliRunner().invoke(replay, ["convert", "--trace", "philly", "--input", str(FIXTURES / FIXTURE_FILES["philly"]), "-o", str(out)])
+    seen: list[Path] = []
+
+    @click.command()
+    @click.option("--workload", "workload_path", type=Path)
+    def fake_run(workload_path: Path) -> None:
+        seen.append(workload_path)
+
+    module = types.ModuleType("fake_runner")
+    module.run_workload_command = fake_run  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "fake_runner", module)
+    monkeypatch.setattr(replay_cli, "RUNNER_MODULE", "fake_runner")
+    result = CliRunner().invoke(replay, ["--workload", str(out)])
+    assert result.exit_code == 0, result.output
+    assert seen == [out]
+    monkeypatch.setattr(replay_cli, "RUNNER_MODULE", "slurm_aigc.no_such_runner")
+    missing = CliRunner().invoke(replay, ["--workload", str(out)])
+    assert missing.exit_code != 0 and "valid (" in str(missing.exception)
+
+
+def test_same_seed_gives_the_same_file_across_processes(tmp_path: Path) -> None:
+    root = traces_dir(tmp_path)
+    texts = []
+    for hash_seed in ("1", "4242"):
+        out = tmp_path / f"w{hash_seed}.csv"
+        code = "import sys; from slurm_aigc.cli.main import main; sys.argv[0] = 'slurm-aigc'; main()"
+        argv = [sys.executable, "-c", code, "replay", "convert", "--trace", "mix", "--input", str(root), "-o", str(out), "--seed", "9"]
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        subprocess.run(argv, check=True, capture_output=True, env=env)
+        texts.append(out.read_text())
+    assert texts[0] == texts[1]

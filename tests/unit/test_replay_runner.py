@@ -1,0 +1,97 @@
+"""The replay runner's pure parts: what it submits and how it reads outcomes back."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from slurm_aigc.replay.runner import job_script, outcomes_from_records, sbatch_args, user_for
+from slurm_aigc.replay.workload import Phase, WorkloadJob
+from slurm_aigc.report.sacct import parse_sacct_output, FIELDS, DELIMITER, JobRecord
+
+
+def job(**overrides: object) -> WorkloadJob:
+    values: dict[str, object] = dict(
+        name="j1", submit_offset_s=0.0, job_class="infer", gpus=4, vram_gib_per_gpu=20.0, duration_s=40.0,
+        time_limit_s=90, profile=(Phase("loading", 10), Phase("busy", 30)), tags="aigc:type=infer,vram=20G",
+        mem_used_gib_per_gpu=12.0, util_pct=60.0,
+    )
+    values.update(overrides)
+    return WorkloadJob(**values)  # type: ignore[arg-type]
+
+
+def test_sbatch_args_ask_for_untyped_gpus_with_tags_time_and_requeue() -> None:
+    args = sbatch_args(job())
+    assert "--gres=gpu:4" in args
+    assert "--time=2" in args  # 90 s rounds up to 2 minutes
+    assert "--comment=aigc:type=infer,vram=20G" in args
+    assert "--requeue" in args
+    assert "--no-requeue" in sbatch_args(job(requeue=False))
+    assert not any(a.startswith("--comment") for a in sbatch_args(job(tags="")))
+
+
+def run_script(script: str, tmp_path: Path, **env: str) -> list[str]:
+    """Run the batch script with a fake slurm-aigc that prints its argv."""
+    fake = tmp_path / "slurm-aigc"
+    fake.write_text('#!/bin/bash\nprintf "%s\\n" "$@"\n')
+    fake.chmod(0o755)
+    path = tmp_path / "job.sh"
+    path.write_text(script.replace("/FAKE/slurm-aigc", str(fake)))
+    result = subprocess.run(["bash", str(path)], capture_output=True, text=True, check=True,
+                            env={"PATH": os.environ["PATH"], **env})
+    return result.stdout.splitlines()
+
+
+def test_script_plays_the_profile_then_the_requeue_profile_after_a_restart(tmp_path: Path) -> None:
+    script = job_script(job(requeue_profile=(Phase("busy", 15),)), "/FAKE/slurm-aigc")
+    first = run_script(script, tmp_path)
+    assert first[:1] == ["gpu-load"]
+    assert first[first.index("--profile-spec") + 1] == "loading:10,busy:30"
+    assert first[first.index("--mem") + 1] == "12G"
+    again = run_script(script, tmp_path, SLURM_RESTART_COUNT="1")
+    assert again[again.index("--profile-spec") + 1] == "busy:15"
+
+
+def test_over_allocated_job_loads_only_the_gpus_it_uses(tmp_path: Path) -> None:
+    script = job_script(job(gpus=4, gpus_used=1), "/FAKE/slurm-aigc")
+    argv = run_script(script, tmp_path, SLURM_JOB_GPUS="4,5,6,7")
+    assert argv[argv.index("--gpus") + 1] == "4"
+
+
+def test_users_outside_the_test_set_are_spread_over_it() -> None:
+    assert user_for(job(user="aigc-bob"), 0) == "aigc-bob"
+    assert {user_for(job(user="someone"), i) for i in range(4)} == {"aigc-alice", "aigc-bob"}
+
+
+def sacct_text(rows: list[dict[str, str]]) -> str:
+    header = DELIMITER.join(FIELDS)
+    lines = [DELIMITER.join(row.get(f, "") for f in FIELDS) for row in rows]
+    return "\n".join([header, *lines]) + "\n"
+
+
+def record(job_id: str, state: str, submit: str, start: str, end: str, tres: str, node: str = "a100-01") -> dict[str, str]:
+    return {"JobID": job_id, "JobIDRaw": job_id, "JobName": "j", "User": "aigc-alice", "Account": "aigc",
+            "Partition": "gpu", "QOS": "normal", "State": state, "Submit": submit, "Eligible": submit,
+            "Start": start, "End": end, "AllocTRES": tres, "NodeList": node, "AdminComment": "",
+            "Comment": "aigc:type=train", "ElapsedRaw": "10"}
+
+
+def test_requeued_job_is_one_outcome_with_both_runs_allocated() -> None:
+    text = sacct_text([
+        record("7", "REQUEUED", "2026-01-01T00:00:00", "2026-01-01T00:00:10", "2026-01-01T00:01:10", "gres/gpu=2"),
+        record("7", "COMPLETED", "2026-01-01T00:01:10", "2026-01-01T00:01:30", "2026-01-01T00:02:00", "gres/gpu=2"),
+        record("8", "COMPLETED", "2026-01-01T00:00:05", "2026-01-01T00:00:05", "2026-01-01T00:00:45",
+               "gres/shard=20", node="a100-02"),
+    ])
+    rows = [r for r in parse_sacct_output(text) if isinstance(r, JobRecord)]
+    assert len(rows) == 3
+    outcomes = {o.job_id: o for o in outcomes_from_records(rows, {"7": "train"}, {"a100": 80})}
+    seven = outcomes["7"]
+    assert seven.requeues == 1 and seven.state == "COMPLETED" and seven.job_class == "train"
+    assert seven.start_ts is not None and seven.submit_ts is not None
+    assert seven.start_ts - seven.submit_ts == 10
+    assert seven.allocated_gpu_s == 2 * 60 + 2 * 30
+    eight = outcomes["8"]
+    assert eight.gpus == 0.25  # 20 of an a100's 80 shards
+    assert eight.allocated_gpu_s == 0.25 * 40

@@ -1,0 +1,134 @@
+"""`slurm-aigc report` and `slurm-aigc report job` through click's CliRunner with a fake sacct."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from sqlalchemy.orm import Session, sessionmaker
+
+from slurm_aigc.cli.main import cli
+from slurm_aigc.cli.report import ReportEnv
+from slurm_aigc.db import ActionRecord, JobGpuSample, open_database, transaction
+from slurm_aigc.report.sacct import DELIMITER
+from slurm_aigc.slurm import CommandResult, SlurmCli
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sacct"
+NOW = datetime(2026, 12, 1, 0, 0, 0)
+WINDOW = ["--since", "2026-11-30T00:00:00", "--until", "2026-12-01T00:00:00"]
+
+
+class RecordedSacct:
+    """Answers every sacct call with a recorded output, as sacct would for a wide window."""
+
+    def __init__(self, name: str) -> None:
+        self.text = (FIXTURES / name).read_text(encoding="utf-8").replace("\u241f", DELIMITER)
+        self.calls: list[list[str]] = []
+
+    def __call__(self, argv: Sequence[str], timeout_s: float, stdin: str | None = None) -> CommandResult:
+        self.calls.append(list(argv))
+        return CommandResult(tuple(argv), 0, self.text, "")
+
+
+@pytest.fixture
+def db_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path}/state.db"
+
+
+def env(sacct: RecordedSacct) -> ReportEnv:
+    return ReportEnv(slurm=lambda: SlurmCli(runner=sacct), database=lambda url: open_database(url), now=lambda: NOW)
+
+
+def invoke(sacct: RecordedSacct, *args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(cli, ["report", *args], obj=env(sacct))
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.stdout, result.stderr
+
+
+def seed(factory: sessionmaker[Session]) -> None:
+    start = datetime(2026, 11, 30, 10, 5).timestamp()
+    with transaction(factory) as session:
+        for gpu in range(2):
+            for i in range(720):
+                session.add(JobGpuSample(ts=start + 10 * i, node="a100-01", job_id="101", gpu_index=gpu,
+                                         sm_util_pct=60.0, memory_used_mib=4096.0, memory_total_mib=81920.0))
+        session.add(ActionRecord(observation_key="k1", ts_intent=datetime(2026, 11, 30, 8, 55).timestamp(), job_id="104",
+                                 verdict="idle", action="requeue", state="done", dry_run=False, gpu_hours_recovered=3.0))
+
+
+def test_json_report_with_samples_and_actions(db_url: str) -> None:
+    seed(open_database(db_url))
+    sacct = RecordedSacct("sacct-22.05.txt")
+    code, out, err = invoke(sacct, *WINDOW, "--group-by", "class,user", "--format", "json", "--db", db_url, "--chunk-hours", "6")
+    assert code == 0, err
+    assert len(sacct.calls) == 4  # four 6-hour windows, each record kept once
+    data = json.loads(out)
+    groups = {(g["group"]["class"], g["group"]["user"]): g for g in data["groups"]}
+    train = groups[("train", "aigc-alice")]
+    assert train["gpu_hours_allocated"] == pytest.approx(12.0)
+    assert train["gpu_hours_used"] == pytest.approx(2 * 2 * 0.6)
+    assert train["efficiency"] == pytest.approx(0.6)
+    assert train["jobs_requeued_by_aigc"] == 1 and train["gpu_hours_recovered"] == 3.0
+    assert data["total"]["jobs"] == 9
+    # The fake repeats its malformed line in each of the four windows; each is reported.
+    assert "4 sacct row(s) skipped" in err and err.count("line 10: 3 fields, expected 17") == 4
+
+
+def test_filters_and_table(db_url: str) -> None:
+    sacct = RecordedSacct("sacct-24.11.txt")
+    code, out, _ = invoke(sacct, *WINDOW, "--class", "infer", "-u", "aigc-bob", "-g", "gpu_type", "--db", db_url)
+    assert code == 0
+    assert "--user=aigc-bob" in sacct.calls[0]
+    lines = out.splitlines()
+    assert lines[0].startswith("GPU report") and "grouped by gpu_type" in lines[0]
+    t4 = next(line for line in lines if line.startswith("t4"))
+    assert t4.split()[1:4] == ["1", "1", "2.00"]  # het job 210+0: 2 t4 GPUs for 1 h
+    assert not any(line.startswith("a100") for line in lines)
+
+
+def test_csv_to_output_file(db_url: str, tmp_path: Path) -> None:
+    target = tmp_path / "out" / "report.csv"
+    code, _, err = invoke(RecordedSacct("sacct-22.05.txt"), *WINDOW, "-g", "day", "--format", "csv", "--output", str(target), "--db", db_url)
+    assert code == 0 and f"wrote {target}" in err
+    table = list(csv.DictReader(io.StringIO(target.read_text())))
+    assert [r["day"] for r in table] == ["2026-11-30", "TOTAL"]
+
+
+def test_html_report(db_url: str) -> None:
+    code, out, _ = invoke(RecordedSacct("sacct-22.05.txt"), *WINDOW, "--format", "html", "--db", db_url)
+    assert code == 0 and out.count("data:image/png;base64,") == 3
+
+
+def test_bad_options_exit_2(db_url: str) -> None:
+    sacct = RecordedSacct("sacct-22.05.txt")
+    assert invoke(sacct, *WINDOW, "-g", "qos", "--db", db_url)[0] == 2
+    assert invoke(sacct, "--since", "yesterday-ish", "--db", db_url)[0] == 2
+    assert invoke(sacct, *WINDOW, "--shards-per-gpu", "a100=lots", "--db", db_url)[0] == 2
+    assert sacct.calls == []
+
+
+def test_job_view(db_url: str) -> None:
+    seed(open_database(db_url))
+    sacct = RecordedSacct("sacct-22.05.txt")
+    code, out, _ = invoke(sacct, "job", "101", "--db", db_url)
+    assert code == 0
+    assert "--jobs=101" in sacct.calls[0]
+    assert "a100-01 GPU0: util mean 60%" in out and "a100-01 GPU1" in out
+
+
+def test_job_view_json_lists_all_segments_and_actions(db_url: str) -> None:
+    seed(open_database(db_url))
+    code, out, _ = invoke(RecordedSacct("sacct-22.05.txt"), "job", "104", "--format", "json", "--db", db_url)
+    data = json.loads(out)
+    assert code == 0
+    assert [s["state"] for s in data["segments"]] == ["REQUEUED", "COMPLETED"]
+    assert data["gpu_hours_allocated"] == pytest.approx(8.0)
+    assert [a["action"] for a in data["actions"]] == ["requeue"]
+    assert data["gpus_series"] == []

@@ -1,0 +1,150 @@
+"""Figures per group from recorded sacct rows, synthetic samples and audit events."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from slurm_aigc.report.figures import (
+    ReportParams,
+    build_report,
+    percentile,
+    split_by_day,
+)
+from slurm_aigc.report.sacct import DELIMITER, FIELDS, JobRecord, parse_sacct_output
+from slurm_aigc.report.samples import ActionEvent, SampleSlice
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sacct"
+
+
+def ts(text: str) -> float:
+    return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
+
+
+def rows(name: str) -> list[object]:
+    text = (FIXTURES / name).read_text(encoding="utf-8").replace("\u241f", DELIMITER)
+    return list(parse_sacct_output(text, tz=UTC))
+
+
+def params(*group_by: str, since: str = "2026-11-30T00:00:00", until: str = "2026-12-01T00:00:00") -> ReportParams:
+    return ReportParams(since_ts=ts(since), until_ts=ts(until), group_by=group_by, tz=UTC)
+
+
+def record(job: str, start: str | None, end: str | None, tres: str, *, cls: str = "train", submit: str | None = None,
+           state: str = "COMPLETED") -> JobRecord:
+    values = {name: "" for name in FIELDS}
+    values.update(JobID=job, JobIDRaw=job, User="aigc-alice", Account="aigc", Partition="gpu", State=state,
+                  Submit=submit or start or "2026-11-30T00:00:00", Start=start or "Unknown", End=end or "Unknown",
+                  AllocTRES=tres, NodeList="a100-01", Comment=f"aigc:type={cls}", ElapsedRaw="0")
+    parsed = next(parse_sacct_output(DELIMITER.join(FIELDS) + "\n" + DELIMITER.join(values[f] for f in FIELDS), tz=UTC))
+    assert isinstance(parsed, JobRecord)
+    return parsed
+
+
+def test_slurm_22_05_figures_by_class() -> None:
+    report = build_report(params("class"), rows("sacct-22.05.txt"))  # type: ignore[arg-type]
+    by = {g.key[0]: g for g in report.groups}
+    # train: 101 (2 GPUs x 2 h) + 104's two runs (4 GPUs x 1 h each) + 106 pending.
+    assert by["train"].gpu_hours_allocated == pytest.approx(12.0)
+    assert (by["train"].jobs, by["train"].gpu_jobs, by["train"].run_segments) == (3, 2, 4)
+    assert (by["train"].jobs_requeued, by["train"].requeues) == (1, 1)
+    assert by["train"].queue_wait_mean_s == pytest.approx((300 + 600 + 1800) / 3)
+    assert by["train"].queue_wait_p95_s == 1800
+    # infer: 102 (20 shards of an a100 = 1/4 GPU, 2 h), 103 running until the window end (1 h), 108 (2 GPUs, 30 min).
+    assert by["infer"].gpu_hours_allocated == pytest.approx(2.5)
+    assert by["infer"].shard_gpu_hours == pytest.approx(0.5)
+    assert (by["infer"].shard_jobs, by["infer"].whole_gpu_jobs, by["infer"].running_jobs) == (1, 2, 1)
+    assert by["unknown"].jobs == 1 and by["unknown"].gpu_hours_allocated == 0.0
+    assert report.total.jobs == 9
+    assert report.total.gpu_hours_allocated == pytest.approx(16.0)
+    assert report.total.gpu_hours_used is None and report.total.efficiency is None
+    assert report.total.jobs_without_samples == 7
+    assert len(report.skipped) == 1
+    assert any("a100=80, t4=16" in note for note in report.notes)
+
+
+def test_slurm_24_11_figures_by_gpu_type_and_user() -> None:
+    report = build_report(params("gpu_type", "user"), rows("sacct-24.11.txt"))  # type: ignore[arg-type]
+    by = {g.key: g for g in report.groups}
+    assert by[("a100", "aigc-alice")].gpu_hours_allocated == pytest.approx(1.0 + 0.5 + 1.0)
+    assert by[("a100", "aigc-bob")].gpu_hours_allocated == pytest.approx(8.0)
+    # 220: 8 of 16 t4 shards = 1/2 GPU over 20 + 20 + 60 minutes (running until the window end).
+    t4_bob = by[("t4", "aigc-bob")]
+    assert t4_bob.shard_gpu_hours == pytest.approx(0.5 * 100 / 60)
+    assert t4_bob.whole_gpu_hours == pytest.approx(2.0)
+    assert (t4_bob.jobs_requeued, t4_bob.requeues) == (1, 2)
+    assert by[("none", "aigc-bob")].jobs == 2  # het component without GPUs, pending array
+
+
+def test_window_clips_and_running_jobs_count_to_until() -> None:
+    jobs = [record("1", "2026-11-29T22:00:00", "2026-11-30T02:00:00", "gres/gpu:a100=2,gres/gpu=2"),
+            record("2", "2026-11-30T23:30:00", None, "gres/gpu:a100=1,gres/gpu=1", state="RUNNING")]
+    report = build_report(params(), jobs)
+    assert report.total.gpu_hours_allocated == pytest.approx(2 * 2 + 0.5)
+    assert report.total.running_jobs == 1
+    assert report.total.queue_wait_mean_s == 0.0  # job 1 started before the window: its wait is not this window's
+
+
+def test_day_grouping_splits_at_midnight() -> None:
+    job = record("1", "2026-11-30T23:00:00", "2026-12-01T01:30:00", "gres/gpu:t4=2,gres/gpu=2", submit="2026-11-30T22:00:00")
+    report = build_report(params("day", until="2026-12-02T00:00:00"), [job])
+    by = {g.key[0]: g for g in report.groups}
+    assert by["2026-11-30"].gpu_hours_allocated == pytest.approx(2.0)
+    assert by["2026-12-01"].gpu_hours_allocated == pytest.approx(3.0)
+    assert by["2026-11-30"].queue_wait_mean_s == 3600 and by["2026-12-01"].queue_wait_mean_s is None
+    assert report.total.jobs == 1
+
+
+def slices_for(job: str, start: str, count: int, util: float | None, gpus: int = 1) -> list[SampleSlice]:
+    return [SampleSlice(job, "a100-01", gpu, ts(start) + 60 * i, 60.0, util, 1000.0, 81920.0)
+            for gpu in range(gpus) for i in range(count)]
+
+
+def test_samples_give_used_idle_and_efficiency_only_where_they_exist() -> None:
+    jobs = [record("1", "2026-11-30T10:00:00", "2026-11-30T11:00:00", "gres/gpu:a100=2,gres/gpu=2", cls="train"),
+            record("2", "2026-11-30T10:00:00", "2026-11-30T11:00:00", "gres/gpu:a100=1,gres/gpu=1", cls="infer"),
+            record("3", "2026-11-30T10:00:00", "2026-11-30T12:00:00", "gres/gpu:a100=4,gres/gpu=4", cls="train")]
+    samples = slices_for("1", "2026-11-30T10:00:00", 60, 25.0, gpus=2) + slices_for("2", "2026-11-30T10:00:00", 60, None)
+    samples += slices_for("99", "2026-11-30T10:00:00", 5, 100.0)  # a job outside the selection
+    report = build_report(params("class"), jobs, samples)
+    by = {g.key[0]: g for g in report.groups}
+    train = by["train"]
+    assert train.gpu_hours_allocated == pytest.approx(2 + 8)
+    assert train.gpu_hours_used == pytest.approx(2 * 0.25)
+    assert train.gpu_hours_sampled == pytest.approx(2.0)
+    assert train.idle_gpu_hours == pytest.approx(1.5)
+    assert train.efficiency == pytest.approx(0.25)
+    assert train.jobs_without_samples == 1 and train.gpu_hours_unsampled == pytest.approx(8.0)
+    # Samples without utilization do not make a job "sampled".
+    assert by["infer"].gpu_hours_used is None and by["infer"].efficiency is None
+    assert any("outside the selection" in n for n in report.notes)
+    assert [round(u) for _, u in report.util_by_class["train"]] == [25] * len(report.util_by_class["train"])
+
+
+def test_actions_count_only_done_and_not_dry_run() -> None:
+    jobs = [record("1", "2026-11-30T10:00:00", "2026-11-30T11:00:00", "gres/gpu:a100=4,gres/gpu=4"),
+            record("2", "2026-11-30T10:00:00", "2026-11-30T11:00:00", "gres/gpu:a100=4,gres/gpu=4")]
+
+    def event(job: str, action: str, state: str = "done", dry_run: bool = False, hours: float = 1.5) -> ActionEvent:
+        return ActionEvent(job, ts("2026-11-30T10:30:00"), "idle", action, state, dry_run, "", 4, 2, hours)
+
+    actions = [event("1", "requeue"), event("2", "shrink", hours=0.5), event("2", "requeue", dry_run=True),
+               event("1", "shrink", state="failed"), event("7", "requeue")]
+    total = build_report(params(), jobs, (), actions).total
+    assert (total.jobs_requeued_by_aigc, total.jobs_shrunk_by_aigc) == (1, 1)
+    assert total.gpu_hours_recovered == pytest.approx(2.0)
+
+
+def test_percentile_and_day_split() -> None:
+    assert percentile([], 95) is None
+    assert percentile([float(v) for v in range(1, 21)], 95) == 19.0
+    assert percentile([5.0], 95) == 5.0
+    pieces = split_by_day(ts("2026-11-30T22:00:00"), ts("2026-12-02T03:00:00"), UTC)
+    assert pieces == [("2026-11-30", 7200.0), ("2026-12-01", 86400.0), ("2026-12-02", 10800.0)]
+
+
+def test_unknown_group_key_is_an_error() -> None:
+    with pytest.raises(ValueError, match="cannot group by qos"):
+        build_report(params("qos"), [])

@@ -1,0 +1,93 @@
+"""GPU-hours used from `job_gpu_samples` and the audit trail, in a temporary SQLite database."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from slurm_aigc.db import ActionRecord, JobGpuSample, open_database, transaction
+from slurm_aigc.report.figures import ReportParams, build_report
+from slurm_aigc.report.sacct import DELIMITER, FIELDS, parse_sacct_output
+from slurm_aigc.report.samples import SampleStore, slices
+
+T0 = datetime(2026, 11, 30, 10, tzinfo=UTC).timestamp()
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> sessionmaker[Session]:
+    return open_database(f"sqlite:///{tmp_path}/state.db")
+
+
+def add_series(db: sessionmaker[Session], job: str, gpu: int, times: list[float], utils: list[float | None]) -> None:
+    with transaction(db) as session:
+        for t, util in zip(times, utils, strict=True):
+            session.add(JobGpuSample(ts=t, node="a100-01", job_id=job, gpu_index=gpu, sm_util_pct=util,
+                                     memory_used_mib=2048.0, memory_total_mib=81920.0))
+
+
+def test_used_gpu_hours_are_util_times_interval(db: sessionmaker[Session]) -> None:
+    times = [T0 + 10 * i for i in range(360)]  # one hour at the agent's 10 s
+    add_series(db, "41", 0, times, [50.0] * 360)
+    add_series(db, "41", 1, times, [100.0 if i < 180 else 0.0 for i in range(360)])
+    store = SampleStore(db)
+    pieces = list(store.job_slices(T0, T0 + 3600))
+    assert len(pieces) == 720
+    assert [p.gpu_index for p in pieces[:360]] == [0] * 360 and pieces[0].ts < pieces[1].ts
+    used_gpu_h = sum(p.used_gpu_s or 0.0 for p in pieces) / 3600
+    assert used_gpu_h == pytest.approx(0.5 + 0.5)
+
+
+def test_window_and_job_filters(db: sessionmaker[Session]) -> None:
+    add_series(db, "1", 0, [T0 - 10, T0, T0 + 10], [10.0, 20.0, 30.0])
+    add_series(db, "2", 0, [T0], [90.0])
+    store = SampleStore(db)
+    assert [p.sm_util_pct for p in store.job_slices(T0, T0 + 3600, ["1"])] == [20.0, 30.0]
+    assert {p.job_id for p in store.job_slices(T0, T0 + 3600)} == {"1", "2"}
+
+
+def test_gaps_and_missing_utilization() -> None:
+    rows = [("1", "n", 0, T0 + t, u, None, None) for t, u in [(0, 100.0), (10, 100.0), (20, None), (30, 100.0), (500, 100.0)]]
+    pieces = slices(rows)
+    # Median interval 10 s; the 470 s gap (agent down) counts one interval, the last sample too.
+    assert [p.duration_s for p in pieces] == [10.0, 10.0, 10.0, 10.0, 10.0]
+    assert [p.used_gpu_s for p in pieces] == [10.0, 10.0, None, 10.0, 10.0]
+    single = slices([("1", "n", 0, T0, 40.0, None, None)], default_interval_s=30.0)
+    assert single[0].duration_s == 30.0 and single[0].used_gpu_s == pytest.approx(12.0)
+
+
+def test_actions_read_back(db: sessionmaker[Session]) -> None:
+    with transaction(db) as session:
+        session.add(ActionRecord(observation_key="a", ts_intent=T0, ts_outcome=T0 + 5, job_id="41", verdict="idle",
+                                 action="requeue", state="done", dry_run=False, gpu_hours_recovered=2.5))
+        session.add(ActionRecord(observation_key="b", ts_intent=T0 + 7200, job_id="42", verdict="over_allocated",
+                                 action="shrink", state="intent", dry_run=True))
+    store = SampleStore(db)
+    events = store.actions(T0, T0 + 3600)
+    assert [(e.job_id, e.action, e.effective, e.ts) for e in events] == [("41", "requeue", True, T0 + 5)]
+    assert [e.job_id for e in store.actions(0, 1, ["42"])] == ["42"]
+    assert not store.actions(0, 1, ["42"])[0].effective
+
+
+def test_report_joins_sacct_and_samples(db: sessionmaker[Session]) -> None:
+    def row(job: str, tres: str) -> str:
+        values = {name: "" for name in FIELDS}
+        values.update(JobID=job, JobIDRaw=job, State="COMPLETED", Submit="2026-11-30T10:00:00", Start="2026-11-30T10:00:00",
+                      End="2026-11-30T11:00:00", AllocTRES=tres, NodeList="a100-01", Comment="aigc:type=train", ElapsedRaw="3600")
+        return DELIMITER.join(values[f] for f in FIELDS)
+
+    text = "\n".join([DELIMITER.join(FIELDS), row("41", "gres/gpu:a100=2,gres/gpu=2"), row("43", "gres/gpu:a100=1,gres/gpu=1")])
+    times = [T0 + 10 * i for i in range(360)]
+    add_series(db, "41", 0, times, [80.0] * 360)
+    add_series(db, "41", 1, times, [20.0] * 360)
+    store = SampleStore(db)
+    params = ReportParams(T0 - 3600, T0 + 7200, (), tz=UTC)
+    report = build_report(params, parse_sacct_output(text, tz=UTC), store.job_slices(params.since_ts, params.until_ts))
+    total = report.total
+    assert total.gpu_hours_allocated == pytest.approx(3.0)
+    assert total.gpu_hours_used == pytest.approx(1.0)
+    assert total.gpu_hours_sampled == pytest.approx(2.0)
+    assert total.efficiency == pytest.approx(0.5)
+    assert total.jobs_without_samples == 1 and total.gpu_hours_unsampled == pytest.approx(1.0)

@@ -1,0 +1,116 @@
+"""The NVML backend against named fake machines (real pynvml error classes)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from datetime import UTC, datetime
+
+import pynvml
+import pytest
+
+from slurm_aigc.errors import NvmlUnavailableError
+from slurm_aigc.telemetry import fakes
+from slurm_aigc.telemetry.fakes import FakeNvml
+from slurm_aigc.telemetry.nvml import NvmlBackend
+from slurm_aigc.telemetry.topology import cross_check_nvlink, parse_topo_matrix
+
+T0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+
+
+def backend(machine: fakes.FakeMachine) -> tuple[NvmlBackend, FakeNvml]:
+    nvml = FakeNvml(machine)
+    return NvmlBackend("gpu-01", nvml=nvml, clock=lambda: T0, smi=fakes.smi_runner(machine)), nvml
+
+
+def test_dgx_a100_reads_every_field_with_units() -> None:
+    source, _nvml = backend(fakes.dgx_a100())
+    reading = source.read()
+    assert (reading.node, reading.ts, reading.driver_version) == ("gpu-01", T0, "550.54.15")
+    assert [g.index for g in reading.gpus] == list(range(8))
+    gpu0 = reading.gpus[0]
+    assert gpu0.name == "NVIDIA A100-SXM4-80GB" and gpu0.uuid and gpu0.uuid.startswith("GPU-")
+    assert (gpu0.memory_total_mib, gpu0.memory_used_mib) == (81920.0, 30720.0)
+    assert (gpu0.sm_util_pct, gpu0.mem_bw_util_pct) == (85.0, 40.0)
+    assert (gpu0.power_draw_w, gpu0.power_limit_w, gpu0.temperature_c) == (310.0, 400.0, 61.0)
+    assert gpu0.active_nvlinks == 12 and not gpu0.lost and gpu0.error is None
+    pids = {p.pid: (p.used_memory_mib, p.sm_util_pct) for p in reading.gpus[1].processes}
+    assert pids == {5001: (12288.0, 60.0), 5002: (8192.0, 30.0)}
+    assert reading.gpus[2].processes == ()
+
+
+def test_pcie_box_has_no_nvlink_and_process_util_unknown() -> None:
+    reading = backend(fakes.pcie_l40s_x4())[0].read()
+    assert all(g.nvlink == () for g in reading.gpus)
+    (process,) = reading.gpus[2].processes
+    assert (process.pid, process.used_memory_mib, process.sm_util_pct) == (777, 9000.0, None)
+
+
+def test_gpu_lost_mid_poll_becomes_a_record_and_the_poll_goes_on() -> None:
+    reading = backend(fakes.gpu_lost_mid_poll(lost_index=3))[0].read()
+    lost = reading.gpus[3]
+    assert lost.lost and lost.error is not None and "GPU is lost" in lost.error
+    assert lost.uuid is not None  # read before the failure, kept to identify the GPU
+    assert lost.memory_used_mib is None and lost.sm_util_pct is None
+    assert [g.index for g in reading.gpus if not g.lost] == [0, 1, 2, 4, 5, 6, 7]
+    assert reading.gpus[4].sm_util_pct == 0.0
+
+
+def test_handle_error_also_marks_the_gpu_lost() -> None:
+    machine = fakes.dgx_a100()
+    gpus = list(machine.gpus)
+    gpus[0] = replace(gpus[0], errors={"nvmlDeviceGetHandleByIndex": pynvml.NVML_ERROR_UNKNOWN})
+    reading = backend(replace(machine, gpus=tuple(gpus)))[0].read()
+    assert reading.gpus[0].lost and reading.gpus[0].uuid is None
+    assert not reading.gpus[1].lost
+
+
+def test_unsupported_fields_read_as_not_available_only_for_that_field(caplog: pytest.LogCaptureFixture) -> None:
+    source, _ = backend(fakes.field_unsupported())
+    with caplog.at_level(logging.WARNING):
+        first = source.read()
+        source.read()
+    gpu = first.gpus[2]
+    assert gpu.power_draw_w is None and gpu.power_limit_w is None
+    assert gpu.memory_used_mib == 9000.0 and gpu.temperature_c == 35.0 and not gpu.lost
+    missing = [r for r in caplog.records if "nvmlDeviceGetProcessUtilization" in r.getMessage()]
+    assert len(missing) == 1  # a missing symbol is logged once, not per GPU per poll
+
+
+def test_function_absent_from_old_bindings_reads_as_none() -> None:
+    reading = backend(fakes.old_bindings())[0].read()
+    assert reading.gpus[0].processes[0].sm_util_pct is None
+    assert reading.gpus[0].sm_util_pct == 85.0
+
+
+def test_missing_driver_is_a_start_up_error() -> None:
+    source, nvml = backend(fakes.no_driver())
+    with pytest.raises(NvmlUnavailableError, match="Driver Not Loaded"):
+        source.start()
+    assert nvml.init_calls == 1
+
+
+def test_nvml_is_initialised_lazily_once_and_shut_down_once() -> None:
+    source, nvml = backend(fakes.dgx_a100())
+    assert nvml.init_calls == 0
+    source.read()
+    source.read()
+    assert nvml.init_calls == 1
+    source.close()
+    source.close()
+    assert nvml.shutdown_calls == 1 and not nvml.initialized
+
+
+def test_topology_text_comes_from_nvidia_smi_and_cross_checks_with_nvml() -> None:
+    source, _ = backend(fakes.dgx_a100())
+    text = source.topology_text()
+    assert text is not None
+    assert cross_check_nvlink(parse_topo_matrix(text), source.read()) == []
+
+
+def test_nvidia_smi_missing_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_aigc.telemetry import nvml
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(NvmlUnavailableError, match="nvidia-smi not found"):
+        nvml.run_nvidia_smi(["nvidia-smi", "topo", "-m"])
