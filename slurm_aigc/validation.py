@@ -28,7 +28,7 @@ class Node:
     path: str
     value: Any
 
-    def child(self, key: str | int) -> "Node":
+    def child(self, key: str | int) -> Node:
         sub = f"{self.path}[{key}]" if isinstance(key, int) else (f"{self.path}.{key}" if self.path else key)
         container = self.value
         return Node(self.source, sub, container[key])

@@ -7,7 +7,6 @@ FILE` reads sacct (and the samples database when present). Running a workload
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -42,8 +41,6 @@ from slurm_aigc.report.timespec import parse_when
 log = logging.getLogger(__name__)
 
 TRACE_CHOICES = (*traces.TRACES, "mix")
-RUNNER_MODULE = "slurm_aigc.replay.runner"
-RUNNER_COMMAND = "run_workload_command"
 
 
 @dataclass(frozen=True)
@@ -157,78 +154,111 @@ def _when(text: str, now: datetime, name: str) -> datetime:
 
 
 def _run_workload(ctx: click.Context, path: Path) -> None:
-    """Validate the file, then hand it to the runner's `run_workload_command` (a click command)."""
-    workload = read_workload(path)
-    try:
-        command = getattr(importlib.import_module(RUNNER_MODULE), RUNNER_COMMAND, None)
-    except ModuleNotFoundError as error:
-        if error.name != RUNNER_MODULE:
-            raise
-        command = None
-    if not isinstance(command, click.Command):
-        raise AigcError(f"{path}: valid ({len(workload.jobs)} jobs), but running it needs {RUNNER_MODULE}.{RUNNER_COMMAND}")
-    ctx.invoke(command, workload_path=path)
+    """Validate the file, then run it on the local cluster (`replay run --workload FILE` with defaults)."""
+    from slurm_aigc.cli.replay_run import run_workload_command
+
+    read_workload(path)
+    ctx.invoke(run_workload_command, workload_path=path)
 
 
 # ---------------------------------------------------------------- convert
 
 
-@replay.command("convert")
-@click.option("--trace", "trace", type=click.Choice(TRACE_CHOICES), required=True, help="Which trace (mix: all three, by mix_weights).")
-@click.option(
-    "--input",
-    "input_path",
-    type=click.Path(path_type=Path, exists=True),
-    required=True,
-    help="Trace file, or a folder holding it (for mix: the traces folder with the three subfolders).",
-)
-@click.option("--output", "-o", type=click.Path(path_type=Path, dir_okay=False), required=True, help="Workload CSV to write.")
-@click.option("--seed", type=int, default=None, help="Random seed (default 1).")
-@click.option("--compression", type=float, default=None, help="Trace seconds per replay second, for arrivals and durations (default 60).")
-@click.option("--duration-s", type=float, default=None, help="Replay seconds over which jobs arrive (default 150).")
-@click.option("--minutes", type=float, default=None, help="Same as --duration-s, in minutes.")
-@click.option("--max-jobs", type=int, default=None, help="At most this many jobs (default 150).")
-@click.option("--capacity-gpus", type=int, default=None, help="GPUs of the cluster the load is sized for (default 24).")
-@click.option("--load", "load_target", type=float, default=None, help="Whole-GPU demand / capacity over the window (default 2.0).")
-@click.option("--window-start-s", type=float, default=None, help="Trace seconds after its first arrival where the window starts.")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Any generator parameter (e.g. infer.loading_s=5).")
-@click.option("--show-skipped", type=int, default=5, show_default=True, help="Print this many skipped trace rows.")
-def convert(
-    trace: str,
-    input_path: Path,
-    output: Path,
-    seed: int | None,
-    compression: float | None,
-    duration_s: float | None,
-    minutes: float | None,
-    max_jobs: int | None,
-    capacity_gpus: int | None,
-    load_target: float | None,
-    window_start_s: float | None,
-    overrides: tuple[str, ...],
-    show_skipped: int,
-) -> None:
-    """Turn a public trace into a timed AIGC workload file for the local cluster."""
-    if duration_s is not None and minutes is not None:
+def default_trace_input() -> Path:
+    """The shared traces folder beside the checkout, else the project's small fixtures."""
+    repo = Path(__file__).resolve().parents[2]
+    shared = repo.parent / "shared" / "traces"
+    return shared if shared.is_dir() else repo / "tests" / "fixtures" / "traces"
+
+
+FIXTURE_FILES = {
+    "alibaba-2023": "openb_pod_list_small.csv",
+    "genai-2026": "lora_request_trace_small.csv",
+    "philly": "pollux_philly_jobs_small.csv",
+}
+
+
+def _trace_file(name: str, input_path: Path) -> Path:
+    fixture = input_path / FIXTURE_FILES[name]
+    return fixture if input_path.is_dir() and fixture.is_file() else input_path
+
+
+def generator_options(function: Callable[..., Any]) -> Callable[..., Any]:
+    """The options that turn a trace into a workload (shared by `convert` and `compare`)."""
+    options = [
+        click.option("--trace", "trace", type=click.Choice(TRACE_CHOICES), default=None,
+                     help="Which trace (mix: all three, by mix_weights)."),
+        click.option("--input", "input_path", type=click.Path(path_type=Path, exists=True), default=None,
+                     help="Trace file, or a folder holding it (for mix: the traces folder with the three subfolders); "
+                          "default ../shared/traces, else the project's small fixtures."),
+        click.option("--seed", type=int, default=None, help="Random seed (default 1)."),
+        click.option("--compression", type=float, default=None,
+                     help="Trace seconds per replay second, for arrivals and durations (default 60)."),
+        click.option("--duration-s", type=float, default=None, help="Replay seconds over which jobs arrive (default 150)."),
+        click.option("--minutes", type=float, default=None, help="Same as --duration-s, in minutes."),
+        click.option("--max-jobs", type=int, default=None, help="At most this many jobs (default 150)."),
+        click.option("--capacity-gpus", type=int, default=None, help="GPUs of the cluster the load is sized for (default 24)."),
+        click.option("--load", "load_target", type=float, default=None, help="Whole-GPU demand / capacity over the window (default 2.0)."),
+        click.option("--window-start-s", type=float, default=None, help="Trace seconds after its first arrival where the window starts."),
+        click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Any generator parameter (e.g. infer.loading_s=5)."),
+        click.option("--show-skipped", type=int, default=5, show_default=True, help="Print this many skipped trace rows."),
+    ]
+    for option in reversed(options):
+        function = option(function)
+    return function
+
+
+@dataclass(frozen=True)
+class GeneratorChoice:
+    """What the generator options asked for."""
+
+    trace: str | None
+    input_path: Path | None
+    seed: int | None = None
+    compression: float | None = None
+    duration_s: float | None = None
+    minutes: float | None = None
+    max_jobs: int | None = None
+    capacity_gpus: int | None = None
+    load_target: float | None = None
+    window_start_s: float | None = None
+    overrides: tuple[str, ...] = ()
+    show_skipped: int = 5
+
+
+def workload_from_traces(choice: GeneratorChoice) -> tuple[Workload, generator.GeneratorParams]:
+    """Read the chosen trace(s) (reporting skipped rows) and generate the seeded workload."""
+    if choice.trace is None:
+        raise click.UsageError("give --trace (alibaba-2023, genai-2026, philly or mix)")
+    if choice.duration_s is not None and choice.minutes is not None:
         raise click.UsageError("give --duration-s or --minutes, not both")
-    params = generator.with_overrides(generator.GeneratorParams(), _pairs(overrides))
+    params = generator.with_overrides(generator.GeneratorParams(), _pairs(choice.overrides))
     named: dict[str, Any] = {
-        "seed": seed,
-        "compression": compression,
-        "arrival_window_s": duration_s if minutes is None else minutes * 60,
-        "max_jobs": max_jobs,
-        "capacity_gpus": capacity_gpus,
-        "load_target": load_target,
-        "window_start_s": window_start_s,
+        "seed": choice.seed,
+        "compression": choice.compression,
+        "arrival_window_s": choice.duration_s if choice.minutes is None else choice.minutes * 60,
+        "max_jobs": choice.max_jobs,
+        "capacity_gpus": choice.capacity_gpus,
+        "load_target": choice.load_target,
+        "window_start_s": choice.window_start_s,
     }
     params = replace(params, **{k: v for k, v in named.items() if v is not None})
-    names = traces.TRACES if trace == "mix" else (trace,)
+    input_path = choice.input_path or default_trace_input()
+    names = traces.TRACES if choice.trace == "mix" else (choice.trace,)
     sources = {}
     for name in names:
-        read = traces.read_trace(name, input_path)
-        _report_skipped(name, read, show_skipped)
+        read = traces.read_trace(name, _trace_file(name, input_path))
+        _report_skipped(name, read, choice.show_skipped)
         sources[name] = read.jobs
-    workload = generator.generate(sources, params)
+    return generator.generate(sources, params), params
+
+
+@replay.command("convert")
+@generator_options
+@click.option("--output", "-o", type=click.Path(path_type=Path, dir_okay=False), required=True, help="Workload CSV to write.")
+def convert(output: Path, **options: Any) -> None:
+    """Turn a public trace into a timed AIGC workload file for the local cluster."""
+    workload, params = workload_from_traces(GeneratorChoice(**options))
     write_workload(workload, output)
     click.echo(f"wrote {len(workload.jobs)} jobs to {output} (seed {params.seed}, compression {params.compression:g})")
     click.echo(_table(workload))
@@ -291,3 +321,13 @@ def _table(workload: Workload) -> str:
     last = max(j.submit_offset_s for j in workload.jobs)
     lines.append(f"{len(workload.jobs)} jobs; last submit at {last:.0f} s; all done by >= {span_s(workload.jobs):.0f} s if never queued")
     return "\n".join(lines)
+
+
+def _attach_runner_commands() -> None:
+    from slurm_aigc.cli.replay_run import compare, run_workload_command
+
+    replay.add_command(compare)
+    replay.add_command(run_workload_command)
+
+
+_attach_runner_commands()

@@ -123,7 +123,10 @@ def gpu_load(
     run = LoadRun(plan, directory, time.monotonic)
     run.install_signal_handlers()
     click.echo(f"gpu-load pid {run.pid} on {plan.node} GPUs {list(plan.gpus)}: profile {profile.name}", err=True)
-    run.run()
+    try:
+        run.run()
+    except OSError as error:  # e.g. procs/ not writable for this user
+        raise click.ClickException(f"cannot write the simulated load under {directory}: {error}") from None
 
 
 def _gpu_list(text: str) -> tuple[int, ...]:

@@ -311,3 +311,26 @@ def _install_lua_atomically(path: Path, text: str) -> None:
     stamp = max(time.time(), (path.stat().st_mtime + 1.1) if path.exists() else 0.0)
     os.utime(temporary, (stamp, stamp))
     temporary.replace(path)
+
+
+def ensure_shape(cluster: LocalCluster, shape_text: str | None, progress: Progress) -> None:
+    """Bring the cluster up in `shape_text` (restarting it when it runs another shape)."""
+    from slurm_aigc.localcluster.shape import parse_shape, shape_to_text
+
+    if shape_text is not None and cluster.ready_file.exists():
+        current = shape_to_text(cluster.shape())
+        if current != shape_to_text(parse_shape(shape_text)):
+            progress(f"cluster runs {current}; restarting it as {shape_text}")
+            cluster.down()
+    cluster.up(shape_text, install=False)
+
+
+def run_modes(workload: Workload, modes: Sequence[str], policy: Path, out_dir: Path, cluster: LocalCluster,
+              progress: Progress, timeout_s: float = 1800.0) -> list[RunRecord]:
+    """Run the same workload once per mode, one after the other, on the same cluster."""
+    records = []
+    for mode in modes:
+        settings = RunSettings(mode=mode, policy=policy, out_dir=out_dir, timeout_s=timeout_s)
+        progress(f"{mode}: replaying {len(workload.jobs)} jobs")
+        records.append(ReplayRun(workload, settings, cluster, progress).run())
+    return records

@@ -9,6 +9,7 @@ silently. Long ranges are read window by window so that one sacct answer stays s
 
 from __future__ import annotations
 
+import logging
 import re
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
@@ -16,8 +17,10 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, tzinfo
 from typing import Protocol
 
-from slurm_aigc.errors import AigcError, SlurmParseError
+from slurm_aigc.errors import AigcError, SlurmCommandError, SlurmParseError
 from slurm_aigc.report.tres import Tres, TresParseError, parse_tres
+
+log = logging.getLogger(__name__)
 
 # Every field exists in sacct 22.05 and 24.11 (`Restarts` does not in 22.05: requeues are
 # counted from the `--duplicates` records instead). The free-text fields sit before a
@@ -355,7 +358,11 @@ def with_live_comments(rows: Iterable[Row], slurm: JobLookup) -> Iterator[Row]:
     """
     for row in rows:
         if isinstance(row, JobRecord) and row.end_ts is None and not (row.comment or row.admin_comment):
-            live = slurm.job(row.job_id_raw)
+            try:
+                live = slurm.job(row.job_id_raw)
+            except SlurmCommandError as error:  # best effort: slurmctld may be restarting
+                log.warning("cannot read job %s's comment from slurmctld: %s", row.job_id_raw, error)
+                live = None
             if live is not None and (live.comment or live.admin_comment):
                 row = replace(row, comment=live.comment, admin_comment=live.admin_comment,
                               aigc_class=aigc_class_of(live.comment, live.admin_comment))

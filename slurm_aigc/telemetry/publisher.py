@@ -383,3 +383,15 @@ class Publisher:
             merged = feat.merge_features(node.available_features, dynamic, feat.is_dynamic_feature)
             node = replace(node, available_features=merged, active_features=merged)
         return node if weight is None else replace(node, weight=weight)
+
+
+def open_publisher(config: ScoringConfig, db_url: str | None = None, *, dry_run: bool = False,
+                   slurm: SlurmCli | None = None) -> Publisher:
+    """A production publisher for `slurm-aigc controller`: Slurm tools and the state database.
+
+    The controller runs `publisher.tick()` on its own loop (at `config.interval_s`) and, on
+    SIGHUP, `publisher.set_config(load_scoring_config(path))`.
+    """
+    from slurm_aigc.db import open_database
+
+    return Publisher(slurm or SlurmCli(), TelemetryStore(open_database(db_url)), config, dry_run=dry_run)

@@ -231,7 +231,13 @@ def _split_header(lines: list[_Line]) -> tuple[list[_Line], list[_Line]]:
     stray = next((line for line in rows if not _is_row(line)), None)
     if stray is not None:
         raise TopologyParseError(f"line {stray.number}: not a matrix row: {stray.text.strip()[:60]!r}")
-    return content[:first_row], rows
+    return _drop_preamble(content[:first_row], rows[0].text.split()[0]), rows
+
+
+def _drop_preamble(header_lines: list[_Line], first_label: str) -> list[_Line]:
+    """Lines before the header (a shell prompt, `srun ...`) go; the header names the first row."""
+    naming = [i for i, line in enumerate(header_lines) if first_label in line.text]
+    return header_lines[naming[-1] :] if naming else header_lines
 
 
 def _parse_header(lines: list[_Line]) -> _Header:
@@ -386,7 +392,7 @@ def _affinity_values(row: _Row, header: _Header, size: int) -> dict[str, str | N
         placed = list(zip(header.columns, extra))
     else:
         placed = _place_by_position(row, header, size, where)
-    result: dict[str, str | None] = {attribute: None for attribute in _AFFINITY_COLUMNS.values()}
+    result: dict[str, str | None] = dict.fromkeys(_AFFINITY_COLUMNS.values())
     for column, value in placed:
         result[_AFFINITY_COLUMNS[column]] = None if value in _MISSING else value
     return result

@@ -18,9 +18,9 @@ pytestmark = pytest.mark.cluster
 
 
 def allocated_gpu_indices(cluster: ClusterHandle, job_id: str) -> list[int]:
-    """`scontrol show job -d`: `GRES=gpu:a100:2(IDX:3-4)` -> [3, 4]."""
+    """`scontrol show job -d`: `GRES=gpu:a100:2(IDX:3-4)` -> [3, 4] (`shard:8(IDX:1)` -> [1])."""
     detail = cluster.slurm.run("scontrol", ["show", "job", "-d", job_id]).stdout
-    match = re.search(r"GRES=\S*gpu\S*\(IDX:([0-9,\-]+)\)", detail)
+    match = re.search(r"GRES=\S*(?:gpu|shard)\S*\(IDX:([0-9,\-]+)\)", detail)
     assert match, detail
     indices: list[int] = []
     for part in match.group(1).split(","):
@@ -59,7 +59,8 @@ def test_gpu_load_job_is_seen_on_its_gpus_and_attributed(cluster: ClusterHandle)
             assert gpu.memory_used_mib == pytest.approx(10240.0)
             assert gpu.power_limit_w is not None and gpu.power_draw_w is not None
             assert gpu.power_draw_w > 0.5 * gpu.power_limit_w
-        assert all(not g.processes for g in reading.gpus if g.index not in expected)
+        # Other tests' jobs may load the node's other GPUs, but never with our pid.
+        assert all(pid not in [p.pid for p in g.processes] for g in reading.gpus if g.index not in expected)
 
         attributor = Attributor(cluster.slurm)
         assert attributor.job_of(pid) == job_id
@@ -72,8 +73,49 @@ def test_gpu_load_job_is_seen_on_its_gpus_and_attributed(cluster: ClusterHandle)
     finally:
         cancel_quietly(cluster, job_id)
 
-    # scancel sends SIGTERM: gpu-load removes its file and the GPUs read idle again.
-    def idle_again() -> bool:
-        return all(not g.processes or g.index not in expected for g in backend.read().gpus)
+    # scancel sends SIGTERM: gpu-load removes its file and its load is gone.
+    def load_gone() -> bool:
+        return all(pid not in [p.pid for p in g.processes] for g in backend.read().gpus)
 
-    wait_for(idle_again, 30, f"GPUs {expected} of {node} to read idle after scancel")
+    wait_for(load_gone, 30, f"gpu-load pid {pid} to leave {node} after scancel")
+    assert not (cluster.simgpu_dir / node / "procs" / f"{pid}.json").exists()
+
+
+def test_two_shard_jobs_on_one_gpu_are_split_by_job(cluster: ClusterHandle) -> None:
+    node = "t4-01"
+    loads = {"30": "2G", "50": "6G"}
+    job_ids = {
+        util: submit(cluster, f"{SLURM_AIGC_BIN} gpu-load --util {util} --mem {mem} --seconds 60\n",
+                     "--gres=shard:8", f"--nodelist={node}", "--job-name=telemetry-shard", user=None)
+        for util, mem in loads.items()
+    }
+    try:
+        for job_id in job_ids.values():
+            wait_job_state(cluster, job_id, "RUNNING", timeout_s=60)
+        gpu_of = {util: allocated_gpu_indices(cluster, job_id) for util, job_id in job_ids.items()}
+        assert all(len(g) == 1 for g in gpu_of.values()), gpu_of
+        backend = SimGpuBackend(node, cluster.simgpu_dir)
+
+        def both_running() -> NodeReading | None:
+            reading = backend.read()
+            found = {p.sm_util_pct for i in {g[0] for g in gpu_of.values()} for p in reading.gpus[i].processes}
+            return reading if {30.0, 50.0} <= found else None
+
+        reading = wait_for(both_running, 30, f"both shard jobs' gpu-load on {node}")
+        attributor = Attributor(cluster.slurm)
+        pids = [p.pid for g in reading.gpus for p in g.processes]
+        rows = {r.job_id: r for r in job_gpu_usage(reading, attributor.jobs_of(pids)) if r.job_id in job_ids.values()}
+        same_gpu = gpu_of["30"] == gpu_of["50"]
+        for util, mem in loads.items():
+            row = rows[job_ids[util]]
+            assert row.gpu_index == gpu_of[util][0]
+            assert row.memory_used_mib == pytest.approx(float(mem[:-1]) * 1024)
+            assert row.shared is same_gpu or len(reading.gpus[row.gpu_index].processes) > 1
+            gpu = reading.gpus[row.gpu_index]
+            if sum(p.sm_util_pct or 0.0 for p in gpu.processes) <= 100.0:  # other tests' jobs may share it
+                assert row.sm_util_pct == pytest.approx(float(util), abs=0.01)
+        if same_gpu:
+            ratio = rows[job_ids["50"]].sm_util_pct / rows[job_ids["30"]].sm_util_pct  # type: ignore[operator]
+            assert ratio == pytest.approx(50 / 30, rel=0.01)
+    finally:
+        cancel_quietly(cluster, *job_ids.values())

@@ -230,3 +230,36 @@ def test_cli_once_stores_samples_and_a_bad_config_is_an_error(tmp_path: Path, mo
     bad.write_text("agent:\n  backend: cuda\n", encoding="utf-8")
     result = CliRunner().invoke(agent_command, ["--config", str(bad), "--once"])
     assert isinstance(result.exception, ConfigError) and "agent.backend" in str(result.exception)
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def test_prometheus_metrics_per_gpu_and_per_tick() -> None:
+    from slurm_aigc.daemonloop import TickOutcome
+    from slurm_aigc.telemetry.metrics import PrometheusMetrics
+
+    metrics = PrometheusMetrics("agent")
+    box = fakes.field_unsupported()
+    reading = NvmlBackend("box", nvml=fakes.FakeNvml(box), clock=lambda: FIXED_TS).read()
+    metrics.observe_reading(reading)
+    labels = {"node": "box", "gpu": "2"}
+    assert metrics.value("slurm_aigc_gpu_memory_used_mib", labels) == 9000.0
+    assert metrics.value("slurm_aigc_gpu_power_draw_w", labels) is None  # not supported: no sample, not 0
+    assert metrics.value("slurm_aigc_gpu_processes", labels) == 1.0
+    metrics.observe_tick(TickOutcome(0.25, ok=False, consecutive_failures=1))
+    metrics.observe_tick(TickOutcome(0.05, ok=True, consecutive_failures=0))
+    assert metrics.value("slurm_aigc_tick_errors_total", {"daemon": "agent"}) == 1.0
+    assert metrics.value("slurm_aigc_tick_seconds_count", {"daemon": "agent"}) == 2.0
+
+
+def test_agent_counts_its_publications_in_metrics(store: TelemetryStore) -> None:
+    from slurm_aigc.telemetry.metrics import PrometheusMetrics
+
+    metrics = PrometheusMetrics("agent")
+    slurm = FakeSlurm([FakeNode("dgx-01")])
+    agent = make_agent(fakes.dgx_a100(), slurm, store, Clock(), metrics=metrics)
+    agent.tick()
+    agent.tick()
+    assert metrics.value("slurm_aigc_publications_total", {"node": "dgx-01"}) == 1.0
+    assert metrics.value("slurm_aigc_gpu_sm_util_pct", {"node": "dgx-01", "gpu": "0"}) == 85.0

@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-import types
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -17,7 +16,6 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy.orm import Session, sessionmaker
 
-from slurm_aigc.cli import replay as replay_cli
 from slurm_aigc.cli.replay import ReplayEnv, replay
 from slurm_aigc.db import JobGpuSample, open_database, transaction
 from slurm_aigc.replay.traces import DEFAULT_FILES
@@ -183,16 +181,16 @@ def test_workload_option_validates_then_hands_over_to_the_runner(tmp_path: Path,
     def fake_run(workload_path: Path) -> None:
         seen.append(workload_path)
 
-    module = types.ModuleType("fake_runner")
-    module.run_workload_command = fake_run  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "fake_runner", module)
-    monkeypatch.setattr(replay_cli, "RUNNER_MODULE", "fake_runner")
+    from slurm_aigc.cli import replay_run
+
+    monkeypatch.setattr(replay_run, "run_workload_command", fake_run)
     result = CliRunner().invoke(replay, ["--workload", str(out)])
     assert result.exit_code == 0, result.output
     assert seen == [out]
-    monkeypatch.setattr(replay_cli, "RUNNER_MODULE", "slurm_aigc.no_such_runner")
-    missing = CliRunner().invoke(replay, ["--workload", str(out)])
-    assert missing.exit_code != 0 and "valid (" in str(missing.exception)
+    broken = tmp_path / "broken.csv"
+    broken.write_text(out.read_text().replace(",philly", ",nonsense-source", 1).replace("name,", "nom,", 1))
+    rejected = CliRunner().invoke(replay, ["--workload", str(broken)])
+    assert rejected.exit_code != 0 and seen == [out]
 
 
 def test_same_seed_gives_the_same_file_across_processes(tmp_path: Path) -> None:

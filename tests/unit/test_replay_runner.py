@@ -8,7 +8,7 @@ from pathlib import Path
 
 from slurm_aigc.replay.runner import job_script, outcomes_from_records, sbatch_args, user_for
 from slurm_aigc.replay.workload import Phase, WorkloadJob
-from slurm_aigc.report.sacct import parse_sacct_output, FIELDS, DELIMITER, JobRecord
+from slurm_aigc.report.sacct import DELIMITER, FIELDS, JobRecord, parse_sacct_output
 
 
 def job(**overrides: object) -> WorkloadJob:

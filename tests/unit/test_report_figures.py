@@ -34,7 +34,7 @@ def params(*group_by: str, since: str = "2026-11-30T00:00:00", until: str = "202
 
 def record(job: str, start: str | None, end: str | None, tres: str, *, cls: str = "train", submit: str | None = None,
            state: str = "COMPLETED") -> JobRecord:
-    values = {name: "" for name in FIELDS}
+    values = dict.fromkeys(FIELDS, "")
     values.update(JobID=job, JobIDRaw=job, User="aigc-alice", Account="aigc", Partition="gpu", State=state,
                   Submit=submit or start or "2026-11-30T00:00:00", Start=start or "Unknown", End=end or "Unknown",
                   AllocTRES=tres, NodeList="a100-01", Comment=f"aigc:type={cls}", ElapsedRaw="0")

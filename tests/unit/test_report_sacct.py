@@ -42,7 +42,7 @@ def ts(text: str) -> float:
 
 def line(**values: str) -> str:
     """One sacct row with defaults for every field not given."""
-    defaults = {name: "" for name in FIELDS}
+    defaults = dict.fromkeys(FIELDS, "")
     defaults.update(JobID="1", JobIDRaw="1", State="COMPLETED", Submit="2026-11-30T10:00:00",
                     Start="2026-11-30T10:00:00", End="2026-11-30T11:00:00", ElapsedRaw="3600")
     defaults.update(values)
@@ -257,3 +257,14 @@ def test_running_jobs_take_their_comment_from_slurmctld() -> None:
     assert (running.comment, running.aigc_class) == ("aigc:type=infer", "infer")
     assert asked == [["scontrol", "show", "job", "-o", "2100"]]  # finished jobs keep sacct's comment
     assert [r.job_id for r in enriched if isinstance(r, JobRecord)] == [r.job_id for r in records]
+
+
+def test_live_comments_are_best_effort() -> None:
+    records, _ = parse("sacct-22.05-recorded.txt")
+
+    def down(argv: Sequence[str], timeout_s: float, stdin: str | None = None) -> CommandResult:
+        return CommandResult(tuple(argv), 1, "", "slurm_load_jobs error: Connection reset by peer")
+
+    enriched = [r for r in with_live_comments(records, SlurmCli(runner=down)) if isinstance(r, JobRecord)]
+    assert next(r for r in enriched if r.job_id == "2100").aigc_class == "unknown"
+    assert len(enriched) == len(records)

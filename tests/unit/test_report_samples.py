@@ -73,7 +73,7 @@ def test_actions_read_back(db: sessionmaker[Session]) -> None:
 
 def test_report_joins_sacct_and_samples(db: sessionmaker[Session]) -> None:
     def row(job: str, tres: str) -> str:
-        values = {name: "" for name in FIELDS}
+        values = dict.fromkeys(FIELDS, "")
         values.update(JobID=job, JobIDRaw=job, State="COMPLETED", Submit="2026-11-30T10:00:00", Start="2026-11-30T10:00:00",
                       End="2026-11-30T11:00:00", AllocTRES=tres, NodeList="a100-01", Comment="aigc:type=train", ElapsedRaw="3600")
         return DELIMITER.join(values[f] for f in FIELDS)

@@ -202,6 +202,11 @@ def test_empty_cell_is_placed_by_column_position() -> None:
     assert matrix.nvlink_islands() == [[0, 1, 2, 3], [4, 5, 6, 7]]
 
 
+def test_shell_prompt_before_the_header_is_ignored() -> None:
+    text = "user@gpu01:~$ srun --gres=gpu:4 nvidia-smi topo -m\n" + sim_topology_text(4, nvlink=True)
+    assert parse_topo_matrix(text) == parse_topo_matrix(sim_topology_text(4, nvlink=True))
+
+
 def test_wrapped_header_is_joined() -> None:
     matrix = parse_topo_matrix(read(OWN_TOPO / "synthetic-p4d-wrapped-header.txt"))
     assert [g.gpu_numa_id for g in matrix.gpus] == [None] * 8

@@ -1,0 +1,90 @@
+"""`slurm-aigc replay --workload FILE` and `slurm-aigc replay compare`: run workloads on the local cluster."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from slurm_aigc.cli.replay import GeneratorChoice, generator_options, workload_from_traces
+from slurm_aigc.localcluster.manager import LocalCluster
+from slurm_aigc.policy.paths import default_policy
+from slurm_aigc.replay.compare import comparison_json, comparison_rows, metrics_of, plot_utilization, render_table
+from slurm_aigc.replay.runner import MODES, ensure_shape, run_modes
+from slurm_aigc.replay.workload import Workload, read_workload, write_workload
+
+COMPARE_SHAPE = "a100:8x6,t4:4x10"
+
+
+def _progress(message: str) -> None:
+    click.echo(f"[replay] {message}", err=True)
+
+
+def _policy(path: Path | None) -> Path:
+    return path or default_policy()
+
+
+@click.command("run")
+@click.option("--workload", "workload_path", type=click.Path(path_type=Path, dir_okay=False, exists=True), required=True)
+@click.option("--mode", type=click.Choice(MODES), default="aigc", show_default=True,
+              help="aigc: hook + policy + agents + controller; stock: pass-through hook, agents only observe.")
+@click.option("--policy", type=click.Path(path_type=Path, dir_okay=False, exists=True), default=None,
+              help="Policy file (default: the installed one).")
+@click.option("--out-dir", type=click.Path(path_type=Path, file_okay=False), default=Path("replay-out"), show_default=True)
+@click.option("--timeout", "timeout_s", type=float, default=1800.0, show_default=True, help="Give up waiting after this many seconds.")
+def run_workload_command(workload_path: Path, mode: str, policy: Path | None, out_dir: Path, timeout_s: float) -> None:
+    """Run one workload file on the running local cluster and print its figures."""
+    cluster = LocalCluster(progress=_progress)
+    workload = read_workload(workload_path)
+    [record] = run_modes(workload, [mode], _policy(policy), out_dir, cluster, _progress, timeout_s)
+    metrics = metrics_of(record)
+    (out_dir / f"{mode}-metrics.json").write_text(json.dumps(metrics.to_dict(), indent=1))
+    for key, value in metrics.to_dict().items():
+        if key != "waits":
+            click.echo(f"{key:24} {value}")
+
+
+@click.command("compare")
+@generator_options
+@click.option("--workload", "workload_path", type=click.Path(path_type=Path, dir_okay=False, exists=True), default=None,
+              help="Run this workload file instead of generating one from --trace.")
+@click.option("--shape", default=COMPARE_SHAPE, show_default=True, help="Cluster shape for both runs (TYPE:GPUSxNODES,...).")
+@click.option("--policy", type=click.Path(path_type=Path, dir_okay=False, exists=True), default=None,
+              help="slurm-aigc policy for the aigc run (default: the installed one).")
+@click.option("--out-dir", type=click.Path(path_type=Path, file_okay=False), default=Path("replay-out"), show_default=True)
+@click.option("--timeout", "timeout_s", type=float, default=1800.0, show_default=True, help="Per run.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
+def compare(workload_path: Path | None, shape: str, policy: Path | None, out_dir: Path, timeout_s: float,
+            as_json: bool, **generator: Any) -> None:
+    """Run the same workload on stock Slurm and on slurm-aigc; print the figures side by side."""
+    cluster = LocalCluster(progress=_progress)
+    ensure_shape(cluster, shape, _progress)
+    workload = _workload(workload_path, generator, cluster)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_workload(workload, out_dir / "workload.csv")
+    stock, aigc = run_modes(workload, MODES, _policy(policy), out_dir, cluster, _progress, timeout_s)
+    stock_metrics, aigc_metrics = metrics_of(stock), metrics_of(aigc)
+    plot = plot_utilization([stock, aigc], out_dir / "utilization.png")
+    document = comparison_json(stock_metrics, aigc_metrics, {
+        "shape": shape, "jobs": len(workload.jobs), "workload": str(out_dir / "workload.csv"),
+        "workload_meta": {k: v for k, v in workload.meta.items() if k != "params"}, "plot": str(plot),
+    })
+    (out_dir / "compare.json").write_text(json.dumps(document, indent=1))
+    if as_json:
+        click.echo(json.dumps(document))
+        return
+    click.echo(render_table(comparison_rows(stock_metrics, aigc_metrics)))
+    click.echo(f"\nplot: {plot}\njson: {out_dir / 'compare.json'}")
+
+
+def _workload(workload_path: Path | None, generator: dict[str, Any], cluster: LocalCluster) -> Workload:
+    if workload_path is not None:
+        return read_workload(workload_path)
+    if generator.get("capacity_gpus") is None:
+        generator["capacity_gpus"] = cluster.shape().total_gpus
+    if generator.get("trace") is None:
+        generator["trace"] = "mix"
+    workload, _ = workload_from_traces(GeneratorChoice(**generator))
+    return workload
