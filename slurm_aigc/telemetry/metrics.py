@@ -83,7 +83,7 @@ class PrometheusMetrics:
             self._prom.start_http_server(port, addr=address, registry=self.registry)
         except OSError as error:
             raise MetricsError(f"cannot serve metrics on port {port}: {error}") from error
-        LOG.info("metrics on http://%s:%d/metrics", address or "0.0.0.0", port)
+        LOG.info("metrics on http://%s:%d/metrics", address or "<all addresses>", port)
 
     def observe_reading(self, reading: NodeReading) -> None:
         """Set the per-GPU gauges from one poll; a field not available is left out."""
