@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,6 +29,11 @@ class ClusterHandle:
     etc_dir: Path
     nodes: list[str]
     local: LocalCluster
+
+    @property
+    def slurm_aigc_in_job(self) -> str:
+        """Shell words that run slurm-aigc inside a job of any user (e.g. `... gpu-load --util 50`)."""
+        return shlex.join(self.local.job_command())
 
 
 @pytest.fixture(scope="session")

@@ -27,8 +27,11 @@ from slurm_aigc.slurm import SlurmCli
 DEFAULT_STATE_DIR = Path("/var/lib/slurm-aigc/cluster")
 DEFAULT_SIMGPU_DIR = Path("/var/lib/slurm-aigc/simgpu")
 SYSTEM_SLURM_CONF = Path("/etc/slurm/slurm.conf")
-APT_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "slurmdbd", "munge", "mariadb-server", "lua5.1", "liblua5.1-0")
+# python3-click/-yaml: jobs run `python3 -m slurm_aigc gpu-load` with Debian's Python (see job_runtime).
+APT_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "slurmdbd", "munge", "mariadb-server", "lua5.1", "liblua5.1-0",
+                "python3-click", "python3-yaml")
 REQUIRED_BINARIES = ("slurmctld", "slurmd", "slurmdbd", "sbatch", "sacctmgr", "munged", "mariadbd", "luac5.1")
+SYSTEM_PYTHON = Path("/usr/bin/python3")
 NVIDIA_MAJOR = 195
 
 Progress = Callable[[str], None]
@@ -52,7 +55,10 @@ class ProcessStatus:
 # ---------------------------------------------------------------- packages
 
 def missing_binaries() -> list[str]:
-    return [b for b in REQUIRED_BINARIES if shutil.which(b) is None and not Path("/usr/sbin", b).exists()]
+    missing = [b for b in REQUIRED_BINARIES if shutil.which(b) is None and not Path("/usr/sbin", b).exists()]
+    if _run([str(SYSTEM_PYTHON), "-c", "import click, yaml"], check=False).returncode != 0:
+        missing.append("python3-click/python3-yaml")
+    return missing
 
 
 def install_packages(progress: Progress) -> None:
@@ -214,6 +220,7 @@ class LocalCluster:
         self._start_slurmds(shape, layout)
         self._wait_nodes_idle(shape, timeout_s)
         self._write_simgpu(shape)
+        self._install_job_runtime()
         self.ready_file.write_text(f"{time.time():.0f}\n")
         self.progress(f"cluster up: {len(shape.nodes)} nodes, {shape.total_gpus} GPUs in {time.monotonic() - started:.1f} s")
         return shape
@@ -382,6 +389,31 @@ class LocalCluster:
             states = ", ".join(f"{n.name}={n.state}" for n in self.slurm.nodes())
             raise ClusterError(f"nodes not idle after {timeout_s:.0f} s: {states}")
         self.progress("nodes: all idle")
+
+    @property
+    def job_runtime_dir(self) -> Path:
+        return self.state_dir / "runtime"
+
+    def job_command(self) -> list[str]:
+        """How a job of any user runs slurm-aigc (e.g. `gpu-load`) on the local cluster.
+
+        The developer's virtualenv usually lives where job users cannot read it (pyenv under
+        /root), so `up` copies the package beside the cluster state and jobs run it with
+        Debian's python3 and its python3-click/python3-yaml.
+        """
+        return ["env", f"PYTHONPATH={self.job_runtime_dir}", f"SLURM_AIGC_SIMGPU_DIR={self.simgpu_dir}",
+                str(SYSTEM_PYTHON), "-m", "slurm_aigc"]
+
+    def _install_job_runtime(self) -> None:
+        package = Path(__file__).resolve().parents[1]
+        target = self.job_runtime_dir / "slurm_aigc"
+        staging = self.job_runtime_dir / "slurm_aigc.new"
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(package, staging, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        shutil.rmtree(target, ignore_errors=True)
+        staging.rename(target)
+        for directory in (self.state_dir, self.job_runtime_dir):
+            directory.chmod(0o755)
 
     def _write_simgpu(self, shape: ClusterShape) -> None:
         from slurm_aigc.localcluster.simgpu_inventory import write_inventories

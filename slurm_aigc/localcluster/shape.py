@@ -10,22 +10,18 @@ from slurm_aigc.errors import ClusterError
 
 @dataclass(frozen=True)
 class GpuModel:
-    """What a simulated GPU type looks like to NVML and to Slurm."""
+    """How Slurm sees a simulated GPU type (its NVML side is telemetry.simgpu.SIM_GPU_MODELS)."""
 
     gres_type: str
-    nvml_name: str
-    memory_gib: int
-    power_limit_w: float
-    idle_power_w: float
+    memory_gib: int  # as marketed (80 GB, 16 GB): sets shards per GPU
     nvlink: bool
 
 
 GPU_MODELS: dict[str, GpuModel] = {
-    "a100": GpuModel("a100", "NVIDIA A100-SXM4-80GB", 80, 400.0, 55.0, True),
-    "h100": GpuModel("h100", "NVIDIA H100 80GB HBM3", 80, 700.0, 70.0, True),
-    "l40s": GpuModel("l40s", "NVIDIA L40S", 48, 350.0, 35.0, False),
-    "a10": GpuModel("a10", "NVIDIA A10", 24, 150.0, 20.0, False),
-    "t4": GpuModel("t4", "Tesla T4", 16, 70.0, 10.0, False),
+    "a100": GpuModel("a100", 80, True),
+    "h100": GpuModel("h100", 80, True),
+    "l40s": GpuModel("l40s", 48, False),
+    "t4": GpuModel("t4", 16, False),
 }
 
 

@@ -85,14 +85,14 @@ def sbatch_args(job: WorkloadJob) -> list[str]:
     return args
 
 
-def job_script(job: WorkloadJob, slurm_aigc_bin: str = SLURM_AIGC_BIN) -> str:
+def job_script(job: WorkloadJob, slurm_aigc_cmd: Sequence[str] = (SLURM_AIGC_BIN,)) -> str:
     """The batch script: `slurm-aigc gpu-load` playing the job's profile on the GPUs it got.
 
     After a requeue (SLURM_RESTART_COUNT > 0) it plays `requeue_profile` when the workload
     gives one (a job restarting from its checkpoint); an over-allocated job loads only the
     first `gpus_used` of its GPUs.
     """
-    base = [slurm_aigc_bin, "gpu-load", "--util", f"{job.util_pct or 85:g}", "--mem", f"{max(job.mem_used_gib_per_gpu, 0.1):g}G"]
+    base = [*slurm_aigc_cmd, "gpu-load", "--util", f"{job.util_pct or 85:g}", "--mem", f"{max(job.mem_used_gib_per_gpu, 0.1):g}G"]
     first = shlex.join([*base, "--profile-spec", format_profile(job.profile)])
     again = shlex.join([*base, "--profile-spec", format_profile(job.requeue_profile or job.profile)])
     select_gpus = ""
@@ -155,6 +155,7 @@ class ReplayRun:
         self.db_url = f"sqlite:///{settings.out_dir.resolve()}/{settings.mode}.db"
         self.daemons: list[subprocess.Popen[bytes]] = []
         self.job_ids: dict[str, str] = {}
+        self.job_command = cluster.job_command()
 
     def run(self) -> RunRecord:
         self.settings.out_dir.mkdir(parents=True, exist_ok=True)
@@ -207,7 +208,7 @@ class ReplayRun:
             if delay > 0:
                 time.sleep(delay)  # the workload's own arrival clock, not a test wait
             try:
-                self.job_ids[job.name] = self.slurm.submit(sbatch_args(job), job_script(job), user=user_for(job, index))
+                self.job_ids[job.name] = self.slurm.submit(sbatch_args(job), job_script(job, self.job_command), user=user_for(job, index))
             except Exception as error:  # noqa: BLE001 - a refused job is a result, not a crash
                 self.progress(f"{self.settings.mode}: {job.name} refused by sbatch: {error}")
             if time.time() >= next_report:

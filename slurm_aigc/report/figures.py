@@ -254,7 +254,7 @@ class Aggregator:
         if (job, key) in self._alloc:
             return key
         # A sample on a day the job held no allocation in the window (clock skew at an edge).
-        return next(k for (j, k) in self._alloc if j == job)
+        return self._last_key[job]
 
     # -- actions ---------------------------------------------------------------------
     def add_actions(self, events: Iterable[ActionEvent]) -> None:

@@ -200,6 +200,29 @@ class Agent:
         return merged
 
 
+class NodeAllocations:
+    """The GPU indices each running job holds on `node` (an `AllocationSource`).
+
+    `squeue -h -w NODE -t RUNNING -o %A` every call (one cheap RPC), and
+    `scontrol -d show job -o ID` once per new job: an allocation does not change while the
+    job runs, and `scontrol -d show job` of every job would cost the controller far more.
+    """
+
+    def __init__(self, slurm: SlurmCli, node: str) -> None:
+        self._slurm = slurm
+        self._node = node
+        self._known: dict[str, frozenset[int]] = {}
+
+    def __call__(self) -> Mapping[str, Sequence[int]]:
+        running = self._slurm.run("squeue", ["-h", "-w", self._node, "-t", "RUNNING", "-o", "%A"]).stdout.split()
+        self._known = {job: self._known[job] if job in self._known else self._lookup(job) for job in running}
+        return {job: sorted(gpus) for job, gpus in self._known.items() if gpus}
+
+    def _lookup(self, job_id: str) -> frozenset[int]:
+        text = self._slurm.run("scontrol", ["-d", "show", "job", "-o", job_id]).stdout
+        return node_gpu_allocations(text, self._node).get(job_id, frozenset())
+
+
 # --------------------------------------------------------------------------- wiring
 
 
@@ -242,15 +265,11 @@ def build_agent(options: AgentOptions, config: AgentConfig, metrics: DaemonMetri
     store = None if options.dry_run else TelemetryStore(open_database(options.db_url))
     attributor = Attributor(slurm)
 
-    def allocations() -> Mapping[str, Sequence[int]]:
-        text = slurm.run("scontrol", ["-d", "show", "job", "-o"]).stdout
-        return {job: sorted(gpus) for job, gpus in node_gpu_allocations(text, node).items()}
-
     return Agent(
         node, backend, store, slurm, config,
         attribute=attributor.jobs_of, split_uses=job_gpu_usage,
         parse_islands=lambda text: parse_topo_matrix(text).nvlink_islands(),
-        allocations=allocations, dry_run=options.dry_run, metrics=metrics,
+        allocations=NodeAllocations(slurm, node), dry_run=options.dry_run, metrics=metrics,
     )
 
 

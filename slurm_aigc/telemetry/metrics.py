@@ -80,7 +80,9 @@ class PrometheusMetrics:
     def serve(self, port: int, address: str = "") -> None:
         """Expose /metrics on `port` (a background thread of prometheus_client)."""
         try:
-            self._prom.start_http_server(port, addr=address, registry=self.registry)
+            # prometheus_client's default address listens on every interface.
+            extra = {"addr": address} if address else {}
+            self._prom.start_http_server(port, registry=self.registry, **extra)
         except OSError as error:
             raise MetricsError(f"cannot serve metrics on port {port}: {error}") from error
         LOG.info("metrics on http://%s:%d/metrics", address or "<all addresses>", port)

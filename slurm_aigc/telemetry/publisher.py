@@ -84,7 +84,11 @@ def parse_comment_tags(comment: str) -> dict[str, str]:
 
 def served_model(job: JobInfo, serving_classes: Iterable[str]) -> str | None:
     """The model a running job serves: its `model=` tag, unless its class is not a serving one."""
-    tags = parse_comment_tags(job.comment)
+    comment = job.comment
+    if "aigc_class" in job.fields:
+        # `scontrol show job -o` splits the hook's " aigc_class=X" off the comment as a field.
+        comment += f" aigc_class={job.fields['aigc_class']}"
+    tags = parse_comment_tags(comment)
     model = tags.get("model")
     if not model:
         return None
@@ -285,8 +289,11 @@ class Publisher:
         dry_run: bool = False,
         clock: Callable[[], float] = time.time,
         islands_of: IslandSource | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._slurm = slurm
+        self._monotonic = monotonic
+        self._last_cycle_at: float | None = None
         self._store = store
         self.config = config
         self._dry_run = dry_run
@@ -304,6 +311,14 @@ class Publisher:
     def set_config(self, config: ScoringConfig) -> None:
         """Use a new (already validated) scoring config from the next cycle on (SIGHUP)."""
         self.config = config
+
+    def tick_when_due(self) -> list[NodePlan]:
+        """`tick()` at most once per `scoring.interval_s`: for hosts whose loop runs faster."""
+        now = self._monotonic()
+        if self._last_cycle_at is not None and now - self._last_cycle_at < self.config.interval_s:
+            return []
+        self._last_cycle_at = now
+        return self.tick()
 
     def tick(self) -> list[NodePlan]:
         """One cycle; returns the plans it applied (or, in dry-run, would have applied)."""

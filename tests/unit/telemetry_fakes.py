@@ -79,7 +79,11 @@ class FakeSlurm:
                 return CommandResult(tuple(args), 1, "", f"Node {names[0]} not found")
             return self._ok(args, "\n".join(self.nodes[n].line(detail) for n in names))
         if rest[:2] == ["show", "job"]:
-            return self._ok(args, "\n".join(job.line(detail) for job in self.jobs))
+            wanted = [job for job in self.jobs if len(rest) < 4 or job.job_id == rest[3]]
+            return self._ok(args, "\n".join(job.line(detail) for job in wanted))
+        if args[0] == "squeue":  # squeue -h -w NODE -t RUNNING -o %A
+            where = args[args.index("-w") + 1]
+            return self._ok(args, "\n".join(j.job_id for j in self.jobs if j.state == "RUNNING" and where in j.node_list))
         if rest[:1] == ["update"]:
             return self._update(args, rest[1:])
         if rest == ["reconfigure"]:

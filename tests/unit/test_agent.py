@@ -263,3 +263,44 @@ def test_agent_counts_its_publications_in_metrics(store: TelemetryStore) -> None
     agent.tick()
     assert metrics.value("slurm_aigc_publications_total", {"node": "dgx-01"}) == 1.0
     assert metrics.value("slurm_aigc_gpu_sm_util_pct", {"node": "dgx-01", "gpu": "0"}) == 85.0
+
+
+def test_command_line_overrides_the_file_and_env_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_aigc.telemetry.agent import AgentOptions, effective_config
+
+    config = tmp_path / "site.yaml"
+    config.write_text("classes: {}\nagent:\n  backend: sim\n  interval_s: 30\n  metrics_port: 9400\n", encoding="utf-8")
+    monkeypatch.setenv("SLURM_AIGC_CONFIG", str(config))
+    from_env = effective_config(AgentOptions())
+    assert (from_env.backend, from_env.interval_s, from_env.metrics_port) == ("sim", 30.0, 9400)
+    overridden = effective_config(AgentOptions(backend="nvml", interval_s=2.5, metrics_port=9500))
+    assert (overridden.backend, overridden.interval_s, overridden.metrics_port) == ("nvml", 2.5, 9500)
+    monkeypatch.setenv("SLURM_AIGC_CONFIG", str(tmp_path / "missing.yaml"))
+    with pytest.raises(ConfigError, match="missing.yaml: no such file"):
+        effective_config(AgentOptions())
+
+
+def test_the_shipped_policy_file_parses() -> None:
+    shipped = Path(__file__).resolve().parents[2] / "etc" / "slurm-aigc.yaml"
+    if not shipped.exists():
+        pytest.skip("etc/slurm-aigc.yaml not written yet")
+    from slurm_aigc.telemetry.config import load_agent_config, load_scoring_config
+
+    assert load_agent_config(str(shipped)).interval_s > 0
+    assert load_scoring_config(str(shipped)).weight_min < load_scoring_config(str(shipped)).weight_max
+
+
+def test_node_allocations_look_each_job_up_once() -> None:
+    from slurm_aigc.telemetry.agent import NodeAllocations
+    from tests.unit.telemetry_fakes import FakeJob
+
+    jobs = [FakeJob("7", "dgx-01", detail="Nodes=dgx-01 CPU_IDs=0 Mem=0 GRES=gpu:a100:2(IDX:0-1)"),
+            FakeJob("8", "dgx-01", detail="Nodes=dgx-01 CPU_IDs=1 Mem=0 GRES=shard:10(IDX:3)"),
+            FakeJob("9", "other", detail="Nodes=other CPU_IDs=1 Mem=0 GRES=gpu:a100:1(IDX:0)")]
+    slurm = FakeSlurm([FakeNode("dgx-01")], jobs)
+    allocations = NodeAllocations(SlurmCli(runner=slurm), "dgx-01")
+    assert allocations() == {"7": [0, 1], "8": [3]}
+    jobs[0].state = "COMPLETED"
+    assert allocations() == {"8": [3]}
+    lookups = [call for call in slurm.calls if call[:4] == ["scontrol", "-d", "show", "job"]]
+    assert [call[-1] for call in lookups] == ["7", "8"]

@@ -154,6 +154,7 @@ def test_plan_cycle_publishes_features_and_weights_and_models() -> None:
     jobs = [FakeJob("11", "a100-02", comment="aigc:class=infer,model=llama3-8b"),
             FakeJob("12", "a100-02", comment="aigc:type=train,model=not-served"),
             FakeJob("14", "a100-02", comment="aigc:type=infer,model=sdxl,vram=20G", state="COMPLETED"),
+            FakeJob("15", "a100-01", comment="aigc:model=whisper aigc_class=train"),
             FakeJob("13", "a100-01", comment="aigc:model=qwen", state="PENDING")]
     fake_slurm = FakeSlurm(fakes, jobs)
     slurm_jobs = SlurmCli(runner=fake_slurm).jobs()
@@ -298,3 +299,15 @@ def test_models_listed_for_the_hook_only_while_slurm_has_them(store: TelemetrySt
     job.state = "RUNNING"
     Publisher(SlurmCli(runner=slurm), store, ScoringConfig(published_features_file=str(dry)), dry_run=True).tick()
     assert not dry.exists()
+
+
+def test_tick_when_due_honours_the_scoring_interval(store: TelemetryStore) -> None:
+    slurm = FakeSlurm([FakeNode("a100-01", features=["a100", "nvlink8"])])
+    now = [100.0]
+    publisher = Publisher(SlurmCli(runner=slurm), store, ScoringConfig(interval_s=30), monotonic=lambda: now[0])
+    assert publisher.tick_when_due()  # first cycle runs and writes
+    slurm.nodes["a100-01"].features = ["a100", "nvlink8"]  # something Slurm forgot meanwhile
+    now[0] += 29
+    assert publisher.tick_when_due() == [] and "nvfree8" not in slurm.nodes["a100-01"].features
+    now[0] += 1
+    assert publisher.tick_when_due() and "nvfree8" in slurm.nodes["a100-01"].features

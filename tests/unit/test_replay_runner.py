@@ -44,7 +44,7 @@ def run_script(script: str, tmp_path: Path, **env: str) -> list[str]:
 
 
 def test_script_plays_the_profile_then_the_requeue_profile_after_a_restart(tmp_path: Path) -> None:
-    script = job_script(job(requeue_profile=(Phase("busy", 15),)), "/FAKE/slurm-aigc")
+    script = job_script(job(requeue_profile=(Phase("busy", 15),)), ["/FAKE/slurm-aigc"])
     first = run_script(script, tmp_path)
     assert first[:1] == ["gpu-load"]
     assert first[first.index("--profile-spec") + 1] == "loading:10,busy:30"
@@ -54,7 +54,7 @@ def test_script_plays_the_profile_then_the_requeue_profile_after_a_restart(tmp_p
 
 
 def test_over_allocated_job_loads_only_the_gpus_it_uses(tmp_path: Path) -> None:
-    script = job_script(job(gpus=4, gpus_used=1), "/FAKE/slurm-aigc")
+    script = job_script(job(gpus=4, gpus_used=1), ["/FAKE/slurm-aigc"])
     argv = run_script(script, tmp_path, SLURM_JOB_GPUS="4,5,6,7")
     assert argv[argv.index("--gpus") + 1] == "4"
 
