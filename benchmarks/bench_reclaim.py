@@ -40,6 +40,7 @@ def synthetic_batch(n_jobs: int, n_gpus: int, n_samples: int, interval_s: float,
     util[idle | held] = 0.0
     memory[idle] = 0.0
     power[idle | held] = 60.0
+    util[fake] = 100.0
     power[fake] = 70.0
     util[over, 1:, :] = 0.0
     metas = tuple(JobMeta(str(100000 + j), "train", now - 7200.0, n_gpus) for j in range(n_jobs))

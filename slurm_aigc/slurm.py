@@ -229,8 +229,8 @@ class SlurmCli:
         return major, minor, patch
 
     def nodes(self, names: Sequence[str] | None = None) -> list[NodeInfo]:
-        """`scontrol show node -o [NAMES]`."""
-        args = ["show", "node", "-o"] + ([",".join(names)] if names else [])
+        """`scontrol -d show node -o [NAMES]` (`-d` fills GresUsed with the GPU indices in use)."""
+        args = ["-d", "show", "node", "-o"] + ([",".join(names)] if names else [])
         return [node_from_fields(parse_key_values(line)) for line in _lines(self.run("scontrol", args).stdout)]
 
     def node(self, name: str) -> NodeInfo:

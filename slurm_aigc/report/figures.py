@@ -9,6 +9,8 @@ efficiency instead of being taken as idle.
 from __future__ import annotations
 
 import math
+import sys
+from array import array
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +24,8 @@ GROUP_KEYS = ("user", "account", "partition", "class", "gpu_type", "day")
 DEFAULT_SHARDS_PER_GPU: Mapping[str, int] = {"a100": 80, "t4": 16}
 ALL = "all"
 _UTIL_BINS = 60
+_ATTRS = ("user", "account", "partition", "class", "gpu_type")
+_CLASS = _ATTRS.index("class")
 
 
 @dataclass(frozen=True)
@@ -87,7 +91,7 @@ class _Acc:
     segments: int = 0
     whole_gpu_s: float = 0.0
     shard_gpu_s: float = 0.0
-    waits_s: list[float] = field(default_factory=list)
+    waits_s: array[float] = field(default_factory=lambda: array("d"))
     requeued_jobs: set[str] = field(default_factory=set)
     requeues: int = 0
     used_gpu_s: float = 0.0
@@ -138,7 +142,7 @@ class Aggregator:
         self._p = params
         self._groups: dict[tuple[str, ...], _Acc] = defaultdict(_Acc)
         self._total = _Acc()
-        self._job_attrs: dict[str, dict[str, str]] = {}
+        self._job_attrs: dict[str, tuple[str, ...]] = {}
         self._job_alias: dict[str, str] = {}
         self._alloc: dict[tuple[str, tuple[str, ...]], float] = defaultdict(float)
         self._util_bins: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0]))
@@ -164,7 +168,8 @@ class Aggregator:
         job = record.job_id_raw
         attrs = self._attrs(record)
         self._job_attrs[job] = attrs
-        self._job_alias[record.job_id] = job
+        if record.job_id != job:
+            self._job_alias[record.job_id] = job
         whole, shard, resolved = gpu_equivalents(record.tres, self._p.shards_per_gpu, record.node_list)
         if not resolved:
             self._unresolved_shard_jobs.add(job)
@@ -189,7 +194,7 @@ class Aggregator:
         if record.running and (record.end_ts is None):
             acc.running_jobs.add(job)
 
-    def _count_segment(self, record: JobRecord, attrs: Mapping[str, str]) -> None:
+    def _count_segment(self, record: JobRecord, attrs: tuple[str, ...]) -> None:
         # Waits and requeues belong to the day the segment started (or was submitted).
         anchor = record.start_ts if record.start_ts is not None else record.submit_ts
         day = day_of(self._clip(anchor if anchor is not None else self._p.since_ts), self._p.tz)
@@ -217,17 +222,16 @@ class Aggregator:
     def _clip(self, ts: float) -> float:
         return min(max(ts, self._p.since_ts), self._p.until_ts - 1e-3)
 
-    def _attrs(self, record: JobRecord) -> dict[str, str]:
-        return {
-            "user": record.user, "account": record.account, "partition": record.partition,
-            "class": record.aigc_class,
-            "gpu_type": gpu_type_of(record.tres, self._p.shards_per_gpu, record.node_list),
-        }
+    def _attrs(self, record: JobRecord) -> tuple[str, ...]:
+        """A job's group attributes in `_ATTRS` order; interned, as thousands of jobs share them."""
+        gpu_type = gpu_type_of(record.tres, self._p.shards_per_gpu, record.node_list)
+        values = (record.user, record.account, record.partition, record.aigc_class, gpu_type)
+        return tuple(sys.intern(value) for value in values)
 
-    def _key(self, attrs: Mapping[str, str], day: str) -> tuple[str, ...]:
+    def _key(self, attrs: tuple[str, ...], day: str) -> tuple[str, ...]:
         if not self._p.group_by:
             return (ALL,)
-        return tuple(day if name == "day" else attrs[name] for name in self._p.group_by)
+        return tuple(day if name == "day" else attrs[_ATTRS.index(name)] for name in self._p.group_by)
 
     # -- samples ---------------------------------------------------------------------
     def add_slices(self, slices: Iterable[SampleSlice]) -> None:
@@ -245,11 +249,11 @@ class Aggregator:
             for acc in (self._groups[key], self._total):
                 acc.used_gpu_s += used
                 acc.sampled_jobs.add(job)
-            cell = self._util_bins[attrs["class"]][int((piece.ts - self._p.since_ts) // self._bin_s)]
+            cell = self._util_bins[attrs[_CLASS]][int((piece.ts - self._p.since_ts) // self._bin_s)]
             cell[0] += (piece.sm_util_pct or 0.0) * piece.duration_s
             cell[1] += piece.duration_s
 
-    def _sample_key(self, job: str, attrs: Mapping[str, str], ts: float) -> tuple[str, ...]:
+    def _sample_key(self, job: str, attrs: tuple[str, ...], ts: float) -> tuple[str, ...]:
         key = self._key(attrs, day_of(ts, self._p.tz))
         if (job, key) in self._alloc:
             return key
@@ -332,7 +336,7 @@ def _figures(key: tuple[str, ...], acc: _Acc) -> GroupFigures:
         idle_gpu_hours=None if used_h is None else max(0.0, sampled_h - used_h),
         efficiency=None if used_h is None or sampled_h <= 0 else used_h / sampled_h,
         queue_wait_mean_s=sum(acc.waits_s) / len(acc.waits_s) if acc.waits_s else None,
-        queue_wait_p95_s=percentile(acc.waits_s, 95.0),
+        queue_wait_p95_s=percentile(list(acc.waits_s), 95.0),
         jobs_requeued=len(acc.requeued_jobs), requeues=acc.requeues,
         jobs_requeued_by_aigc=len(acc.aigc_requeued), jobs_shrunk_by_aigc=len(acc.aigc_shrunk),
         gpu_hours_recovered=acc.recovered_gpu_h,

@@ -2,8 +2,8 @@
 
 Each cycle (`Publisher.tick`, run by `slurm-aigc controller`):
 
-1. read the nodes (`scontrol show node -o`), the jobs (`scontrol show job -o`) and the mean
-   GPU utilization of every node over the recent samples (database);
+1. read the nodes (`scontrol -d show node -o`: only `-d` prints `GresUsed`), the jobs
+   (`scontrol show job -o`) and the mean GPU utilization of every node over the recent samples;
 2. compute per node, in a pure core (`plan_cycle`), a Slurm `Weight` from the scoring
    plugins and the dynamic features `nvfree<k>` and `model_<id>` (names in `features.py`);
 3. write a node through `scontrol update` only when its feature set differs or its weight
@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from slurm_aigc.errors import AigcError
 from slurm_aigc.slurm import (
     JobInfo,
     NodeInfo,
@@ -333,8 +334,19 @@ class Publisher:
         # The hook may --prefer only features some node has (else Slurm rejects the job):
         # unlist a vanishing model before Slurm loses it, list a new one once Slurm has it.
         self._list_models(model_features(nodes, plans, keep_only_unchanged=True))
-        applied = [plan for plan in (self._apply(plan, now) for plan in plans) if plan is not None]
+        applied, failures = [], []
+        for plan in plans:
+            try:
+                done = self._apply(plan, now)
+            except AigcError as error:  # one node's failure must not starve the others
+                LOG.error("cannot update %s: %s", plan.node, error)
+                failures.append(error)
+                continue
+            if done is not None:
+                applied.append(done)
         self._list_models(model_features(nodes, applied, keep_only_unchanged=False))
+        if failures:
+            raise failures[0]  # the loop logs it and backs off; the other nodes were written
         return applied
 
     def _list_models(self, names: frozenset[str]) -> None:

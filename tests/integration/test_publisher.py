@@ -128,3 +128,50 @@ def test_features_and_weights_publish_steer_and_survive_reconfigure(
     assert MODEL_FEATURE in back and set(conf_features) <= back
     assert any(f.startswith("nvfree") for f in back)  # islands remembered though nvlink8 is gone until the agent's re-check
     assert cluster.slurm.node(serving).weight == weight_before
+
+
+def test_agent_daemon_attributes_jobs_and_stops_cleanly(
+    cluster: Any, restored: dict[str, tuple[tuple[str, ...], int]], jobs: list[str], tmp_path: Path,
+) -> None:
+    import signal
+
+    from sqlalchemy import select
+
+    from slurm_aigc.db import JobGpuSample, transaction
+
+    node = sorted(n for n in cluster.nodes if n.startswith("t4"))[0]
+    # Job users cannot run the repository's venv interpreter, so the jobs run as root.
+    busy = submit(cluster, f"{SLURM_AIGC} gpu-load --util 60 --mem 4G --seconds 300\n", "--gres=gpu:t4:1",
+                  f"--nodelist={node}", "--job-name=itest-agent-busy", user=None)
+    idle = submit(cluster, "sleep 300\n", "--gres=gpu:t4:1", f"--nodelist={node}", "--job-name=itest-agent-idle",
+                  user=None)
+    jobs.extend([busy, idle])
+    for job in (busy, idle):
+        wait_job_state(cluster, job, "RUNNING", timeout_s=120)
+
+    db_url = f"sqlite:///{tmp_path / 'agent.db'}"
+    argv = [SLURM_AIGC, "-v", "agent", "--backend", "sim", "--node", node, "--simgpu-dir", str(cluster.simgpu_dir),
+            "--db", db_url, "--interval", "1", "--config", "/dev/null"]
+    daemon = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        factory = open_database(db_url)
+
+        def rows_of_both() -> dict[str, list[JobGpuSample]] | None:
+            with transaction(factory) as session:
+                rows = list(session.scalars(select(JobGpuSample).where(JobGpuSample.job_id.in_([busy, idle]))))
+            found = {job: [r for r in rows if r.job_id == job] for job in (busy, idle)}
+            return found if all(found.values()) and any(r.sm_util_pct for r in found[busy]) else None
+
+        found = wait_for(rows_of_both, 60, f"samples of jobs {busy} and {idle} from the agent on {node}")
+        assert max(r.sm_util_pct or 0 for r in found[busy]) == pytest.approx(60.0)
+        assert all(r.sm_util_pct == 0 for r in found[idle])  # allocated but running nothing
+        assert {r.gpu_index for r in found[busy]}.isdisjoint({r.gpu_index for r in found[idle]})
+
+        daemon.send_signal(signal.SIGHUP)
+        daemon.send_signal(signal.SIGTERM)
+        _, stderr = daemon.communicate(timeout=30)
+        assert daemon.returncode == 0, stderr
+        assert "SIGHUP: config reloaded" in stderr and "got SIGTERM" in stderr
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from slurm_aigc.db import open_database
-from slurm_aigc.slurm import NodeInfo, SlurmCli, node_from_fields, parse_key_values
+from slurm_aigc.errors import SlurmCommandError
+from slurm_aigc.slurm import CommandResult, NodeInfo, SlurmCli, node_from_fields, parse_key_values
 from slurm_aigc.telemetry import features as feat
 from slurm_aigc.telemetry.config import ScoringConfig
 from slurm_aigc.telemetry.gres import (
@@ -311,3 +312,20 @@ def test_tick_when_due_honours_the_scoring_interval(store: TelemetryStore) -> No
     assert publisher.tick_when_due() == [] and "nvfree8" not in slurm.nodes["a100-01"].features
     now[0] += 1
     assert publisher.tick_when_due() and "nvfree8" in slurm.nodes["a100-01"].features
+
+
+def test_one_failing_node_does_not_starve_the_others(store: TelemetryStore) -> None:
+    slurm = FakeSlurm([FakeNode("a100-01", features=["a100", "nvlink8"]), FakeNode("a100-02", features=["a100", "nvlink8"])])
+    original = slurm._update
+
+    def update(args: list[str], pairs: list[str]):  # type: ignore[no-untyped-def]
+        if "NodeName=a100-01" in pairs:
+            return CommandResult(tuple(args), 1, "", "slurm_update error: Invalid node name specified")
+        return original(args, pairs)
+
+    slurm._update = update  # type: ignore[method-assign]
+    publisher = Publisher(SlurmCli(runner=slurm), store, ScoringConfig())
+    with pytest.raises(SlurmCommandError, match="Invalid node name"):
+        publisher.tick()
+    assert "nvfree8" in slurm.nodes["a100-02"].features
+    assert [p.node for p in store.publications()] == ["a100-02"]

@@ -37,7 +37,7 @@ def result(argv: Sequence[str], stdout: str = "", rc: int = 0, stderr: str = "")
 
 
 def test_nodes_read_gres_features_weight_state_from_recorded_22_05_output() -> None:
-    argv = ("scontrol", "show", "node", "-o")
+    argv = ("scontrol", "-d", "show", "node", "-o")
     runner = FakeRunner({argv: result(argv, (FIXTURES / "show-node-22.05.txt").read_text())})
     nodes = {n.name: n for n in SlurmCli(runner).nodes()}
     assert sorted(nodes) == ["a100-01", "a100-02", "t4-01", "t4-02"]
