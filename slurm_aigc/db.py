@@ -147,12 +147,16 @@ MIGRATIONS: dict[int, Callable[[Engine], None]] = {}
 def open_database(url: str | None = None) -> sessionmaker[Session]:
     """Open (and create/migrate) the database at `url`; raise DatabaseError naming the URL."""
     url = url or default_url()
-    try:
-        engine = _engine(url)
-        Base.metadata.create_all(engine)
-        _migrate(engine)
-    except SQLAlchemyError as error:
-        raise DatabaseError(f"cannot open database {_redact(url)}: {error}") from error
+    engine = _engine(url)
+    for attempt in range(3):
+        try:
+            Base.metadata.create_all(engine)
+            _migrate(engine)
+            break
+        except SQLAlchemyError as error:
+            # Two daemons creating a new SQLite file at once: the loser sees "already exists".
+            if attempt == 2:
+                raise DatabaseError(f"cannot open database {_redact(url)}: {error}") from error
     return sessionmaker(engine, expire_on_commit=False)
 
 

@@ -17,7 +17,8 @@ from slurm_aigc.reclaim.config import ReclaimConfig, load_reclaim_config
 from slurm_aigc.reclaim.controller import (
     Controller,
     JobView,
-    load_publisher_tick,
+    PublisherHooks,
+    load_publisher,
     summary,
 )
 from slurm_aigc.reclaim.detect import GpuEvidence
@@ -37,14 +38,15 @@ dry_run_option = click.option("--dry-run/--no-dry-run", "dry_run", default=None,
 
 
 def _controller(config_file: str | None, db_url: str | None, dry_run: bool | None, publisher: bool,
-                jobs: Sequence[str] = ()) -> Controller:
+                jobs: Sequence[str] = ()) -> tuple[Controller, PublisherHooks | None]:
     config = load_reclaim_config(config_file)
     factory = open_database(db_url)
     slurm = SlurmCli()
     dry = config.dry_run if dry_run is None else dry_run
-    publisher_tick = load_publisher_tick(slurm, factory, config_file, dry) if publisher else None
-    return Controller(slurm, ReclaimStore(factory), config, dry_run=dry, publisher_tick=publisher_tick,
-                      only_jobs=frozenset(jobs) if jobs else None)
+    hooks = load_publisher(slurm, db_url, config_file, dry) if publisher else None
+    controller = Controller(slurm, ReclaimStore(factory), config, dry_run=dry, publisher_tick=hooks.tick if hooks else None,
+                            only_jobs=frozenset(jobs) if jobs else None)
+    return controller, hooks
 
 
 @click.command("controller")
@@ -62,7 +64,7 @@ def controller(config_file: str | None, db_url: str | None, interval_s: float | 
     """Detect wasted GPU allocations and act on them (notify, signal, requeue, shrink)."""
     from slurm_aigc.daemonloop import DaemonLoop
 
-    ctl = _controller(config_file, db_url, dry_run, publisher, jobs)
+    ctl, hooks = _controller(config_file, db_url, dry_run, publisher, jobs)
     mode = "DRY-RUN (nothing is changed in Slurm)" if ctl.dry_run else "LIVE"
     click.echo(f"slurm-aigc controller: {mode}", err=True)
 
@@ -76,6 +78,8 @@ def controller(config_file: str | None, db_url: str | None, interval_s: float | 
 
     def reload() -> None:
         ctl.set_config(load_reclaim_config(config_file))
+        if hooks is not None:
+            hooks.reload()
 
     loop = DaemonLoop(tick, interval_s or ctl.config.poll_interval_s, reload, name="slurm-aigc controller")
     raise SystemExit(loop.run(once=once))
@@ -96,7 +100,7 @@ def idle() -> None:
 def idle_list(config_file: str | None, db_url: str | None, dry_run: bool | None, as_json: bool, show_all: bool,
               jobs: tuple[str, ...]) -> None:
     """Verdicts with their evidence and the next step, per running GPU job."""
-    views = _controller(config_file, db_url, dry_run, False, jobs).assess().views
+    views = _controller(config_file, db_url, dry_run, False, jobs)[0].assess().views
     shown = [v for v in views if show_all or v.verdict.kind]
     if as_json:
         click.echo(json.dumps([view_json(v) for v in shown], indent=2))
@@ -117,7 +121,7 @@ def idle_list(config_file: str | None, db_url: str | None, dry_run: bool | None,
 @dry_run_option
 def idle_explain(job_id: str, config_file: str | None, db_url: str | None, dry_run: bool | None) -> None:
     """Why a job has (or has not) a verdict, GPU by GPU, and what happens next."""
-    ctl = _controller(config_file, db_url, dry_run, False, (job_id,))
+    ctl = _controller(config_file, db_url, dry_run, False, (job_id,))[0]
     view = next((v for v in ctl.assess().views if v.job.job_id == job_id), None)
     if view is None:
         raise click.ClickException(f"job {job_id} is not a running GPU job")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from slurm_aigc.reclaim.ladder import (
     plan_job,
 )
 from slurm_aigc.reclaim.store import ReclaimStore, SampleRow
+from slurm_aigc.reclaim.tracker import StretchTracker
 from slurm_aigc.slurm import JobInfo, SlurmCli
 
 LOG = logging.getLogger(__name__)
@@ -80,43 +82,38 @@ class TickReport:
     capped: tuple[Wait, ...]
 
 
-def windows_from_rows(jobs: Sequence[JobInfo], rows: Sequence[SampleRow], now_ts: float) -> list[JobWindow]:
-    """Group sample rows (sorted by job, node, GPU, time) into one JobWindow per job."""
+def windows_from_rows(metas: Mapping[str, JobMeta], rows: Sequence[SampleRow]) -> list[JobWindow]:
+    """Group sample rows (sorted by job, node, GPU, time) into one JobWindow per job with rows."""
     by_job: dict[str, list[GpuSeries]] = {}
-    shared_jobs: set[str] = set()
     for (job_id, node, gpu), group in itertools.groupby(rows, key=lambda r: (r.job_id, r.node, r.gpu_index)):
-        samples = []
-        for row in group:
-            samples.append(Sample(row.ts, row.sm_util_pct, row.memory_used_mib, row.power_draw_w, row.power_limit_w))
-            if row.shared:
-                shared_jobs.add(job_id)
-        by_job.setdefault(job_id, []).append(GpuSeries(node, gpu, tuple(samples)))
-    return [
-        JobWindow(job_meta(job, now_ts, job.job_id in shared_jobs), tuple(by_job.get(job.job_id, ())))
-        for job in jobs
-    ]
+        samples = tuple(Sample(r.ts, r.sm_util_pct, r.memory_used_mib, r.power_draw_w, r.power_limit_w) for r in group)
+        by_job.setdefault(job_id, []).append(GpuSeries(node, gpu, samples))
+    return [JobWindow(metas[job_id], tuple(series)) for job_id, series in by_job.items() if job_id in metas]
 
 
 def job_meta(job: JobInfo, now_ts: float, shared: bool = False) -> JobMeta:
-    facts_class = job_facts(job, now_ts).job_class
+    """The detectors' view of a running job; `shared`: an agent saw another job on its GPUs."""
     shards = uses_shards(job)
     started = start_ts(job)
-    return JobMeta(job.job_id, facts_class, now_ts if started is None else started,
+    return JobMeta(job.job_id, job_facts(job, now_ts).job_class, now_ts if started is None else started,
                    None if shards else gpu_count(job), shared or shards)
 
 
-def judge(windows: Sequence[JobWindow], config: ReclaimConfig, now_ts: float) -> dict[str, Verdict]:
-    """Verdicts by job id: the vectorised detectors for jobs with samples, 'no samples' for the rest."""
-    batch = batch_from_jobs(windows)
-    verdicts = {v.job_id: v for v in detect(batch, config.classes, config.defaults, now_ts, config.gap_s)}
-    for window in windows:
-        if window.meta.job_id not in verdicts:
-            verdicts[window.meta.job_id] = no_samples_verdict(window.meta, config.policy_for(window.meta.job_class), now_ts)
-    return verdicts
+def with_missing(verdicts: Sequence[Verdict], metas: Mapping[str, JobMeta], config: ReclaimConfig,
+                 now_ts: float) -> dict[str, Verdict]:
+    """Verdicts by job id, 'no samples' for the jobs the detectors had no samples of."""
+    found = {v.job_id: v for v in verdicts}
+    for job_id, meta in metas.items():
+        if job_id not in found:
+            found[job_id] = no_samples_verdict(meta, config.policy_for(meta.job_class), now_ts)
+    return found
 
 
 class Controller:
-    """Reclaim's tick; construct with fakes in tests (`SlurmCli(runner=...)`, in-memory DB)."""
+    """Reclaim's tick; construct with fakes in tests (`SlurmCli(runner=...)`, temporary DB)."""
+
+    # Rows committed out of id order (several agents, a server database) are re-read this far back.
+    ID_OVERLAP = 10_000
 
     def __init__(
         self,
@@ -140,11 +137,15 @@ class Controller:
         self._reconciled = False
         # Restrict judging and acting to these job ids (an admin acting on one job, tests).
         self._only_jobs = only_jobs
+        self._tracker = StretchTracker()
+        self._watermark_id = 0
+        self._shared_jobs: set[str] = set()
 
     def set_config(self, config: ReclaimConfig) -> None:
         """Use a new, already validated config from the next tick on (SIGHUP)."""
         self.config = config
         self._actuator.config = config
+        self._tracker = StretchTracker()  # thresholds changed: judge the windows afresh
 
     def reconcile(self) -> tuple[ActionResult, ...]:
         """Close intents a killed controller left open (once, before the first action)."""
@@ -153,21 +154,15 @@ class Controller:
         return results
 
     def assess(self) -> Assessment:
-        """Read Slurm and the database, judge every running GPU job and plan its next step."""
-        now = self._clock()
-        jobs = [j for j in self._slurm.jobs() if j.state == "RUNNING" and is_gpu_job(j)
-                and (self._only_jobs is None or j.job_id in self._only_jobs)]
-        newest = self._store.newest_sample_ts()
-        stale = bool(jobs) and (newest is None or now - newest > self.config.stale_s)
-        rows = self._store.samples([j.job_id for j in jobs], now - self.config.lookback_s()) if jobs else []
-        verdicts = judge(windows_from_rows(jobs, rows, now), self.config, now)
-        history = self._store.history(j.job_id for j in jobs)
-        views = []
-        for job in jobs:
-            facts = job_facts(job, now)
-            plan = plan_job(verdicts[job.job_id], facts, history.get(job.job_id, ()), self.config, now, self.dry_run)
-            views.append(JobView(job, facts, verdicts[job.job_id], plan))
-        return Assessment(now, newest, stale, tuple(views))
+        """Judge every running GPU job over its full window, with evidence (`idle list`)."""
+        now, jobs, newest = self._snapshot()
+        metas = {j.job_id: job_meta(j, now) for j in jobs}
+        rows = self._store.samples(metas, now - self.config.lookback_s()) if jobs else []
+        shared = {r.job_id for r in rows if r.shared}
+        metas = {j.job_id: job_meta(j, now, j.job_id in shared) for j in jobs}
+        batch = batch_from_jobs(windows_from_rows(metas, rows))
+        verdicts = detect(batch, self.config.classes, self.config.defaults, now, self.config.gap_s)
+        return self._plan(now, newest, jobs, with_missing(verdicts, metas, self.config, now))
 
     def tick(self) -> TickReport:
         """One cycle: reclaim, then the publisher; the first error is raised after both ran."""
@@ -188,9 +183,47 @@ class Controller:
             errors.append(error)
             return None
 
+    def _snapshot(self) -> tuple[float, list[JobInfo], float | None]:
+        now = self._clock()
+        jobs = [j for j in self._slurm.jobs() if j.state == "RUNNING" and is_gpu_job(j)
+                and (self._only_jobs is None or j.job_id in self._only_jobs)]
+        return now, jobs, self._store.newest_sample_ts()
+
+    def _plan(self, now: float, newest: float | None, jobs: Sequence[JobInfo], verdicts: Mapping[str, Verdict]) -> Assessment:
+        stale = bool(jobs) and (newest is None or now - newest > self.config.stale_s)
+        history = self._store.history(j.job_id for j in jobs)
+        views = []
+        for job in jobs:
+            facts = job_facts(job, now)
+            plan = plan_job(verdicts[job.job_id], facts, history.get(job.job_id, ()), self.config, now, self.dry_run)
+            views.append(JobView(job, facts, verdicts[job.job_id], plan))
+        return Assessment(now, newest, stale, tuple(views))
+
+    def _incremental(self) -> Assessment:
+        """Judge every running GPU job, reading only samples newer than the last tick's."""
+        now, jobs, newest = self._snapshot()
+        metas = {j.job_id: job_meta(j, now, j.job_id in self._shared_jobs) for j in jobs}
+        self._tracker.prune(metas, now - self.config.lookback_s())
+        known = self._tracker.jobs()
+        fresh_jobs = [job_id for job_id in metas if job_id not in known]
+        rows = self._store.samples(fresh_jobs, now - self.config.lookback_s()) if fresh_jobs else []
+        if known:
+            rows += self._store.samples_after(known, self._watermark_id - self.ID_OVERLAP)
+        self._watermark_id = max([self._watermark_id, *(r.id for r in rows)])
+        seen = self._tracker.last_ts()
+        rows = sorted((r for r in rows if r.ts > seen.get((r.job_id, r.node, r.gpu_index), -math.inf)),
+                      key=lambda r: (r.job_id, r.node, r.gpu_index, r.ts))
+        if any(r.shared and r.job_id not in self._shared_jobs for r in rows):
+            self._shared_jobs |= {r.job_id for r in rows if r.shared}
+            metas = {j.job_id: job_meta(j, now, j.job_id in self._shared_jobs) for j in jobs}
+        self._tracker.update(batch_from_jobs(windows_from_rows(metas, rows)), self.config)
+        tracked = {job_id: meta for job_id, meta in metas.items() if job_id in self._tracker.jobs()}
+        verdicts = self._tracker.verdicts(tracked, self.config, now)
+        return self._plan(now, newest, jobs, with_missing(verdicts, metas, self.config, now))
+
     def _reclaim_tick(self) -> TickReport:
         reconciled = () if self._reconciled else self.reconcile()
-        assessment = self.assess()
+        assessment = self._incremental()
         if assessment.stale:
             age = "none" if assessment.newest_sample_ts is None else f"{assessment.now_ts - assessment.newest_sample_ts:.0f}s old"
             raise StaleSamplesError(f"newest GPU sample is {age} (limit {self.config.stale_s:.0f}s): not acting")
@@ -203,17 +236,29 @@ class Controller:
         return TickReport(assessment, reconciled, results, tuple(capped))
 
 
-def load_publisher_tick(slurm: SlurmCli, store_factory: Any, config_file: str | None, dry_run: bool) -> Callable[[], object] | None:
-    """The telemetry publisher's tick, or None (logged) when that part is not installed."""
+@dataclass(frozen=True)
+class PublisherHooks:
+    """The telemetry publisher as the controller drives it: a tick and a config reload."""
+
+    tick: Callable[[], object]
+    reload: Callable[[], None]
+
+
+def load_publisher(slurm: SlurmCli, db_url: str | None, config_file: str | None, dry_run: bool) -> PublisherHooks | None:
+    """The feature/weight publisher (docs/daemons.md), or None (logged) when it is not installed."""
     try:
         from slurm_aigc.telemetry.config import load_scoring_config
-        from slurm_aigc.telemetry.publisher import Publisher
-        from slurm_aigc.telemetry.store import TelemetryStore
+        from slurm_aigc.telemetry.publisher import open_publisher
     except ImportError as error:
         LOG.info("publisher not available (%s); running reclaim only", error)
         return None
-    publisher = Publisher(slurm, TelemetryStore(store_factory), load_scoring_config(config_file), dry_run=dry_run)
-    return publisher.tick
+    publisher = open_publisher(load_scoring_config(config_file), db_url, dry_run=dry_run, slurm=slurm)
+
+    def reload() -> None:
+        publisher.set_config(load_scoring_config(config_file))
+
+    # Our loop runs at reclaim.poll_interval_s; the publisher keeps its own scoring.interval_s.
+    return PublisherHooks(publisher.tick_when_due, reload)
 
 
 def summary(views: Sequence[JobView]) -> Mapping[str, int]:

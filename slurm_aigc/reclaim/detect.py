@@ -201,25 +201,37 @@ class _Params:
         )
 
 
+PREDICATES = ("covered", "idle", "held", "wasted")
+
+
 @dataclass(frozen=True)
-class _Stretch:
-    """Per-series trailing stretch of a predicate: its first sample index, length, duration."""
+class Stretches:
+    """Per GPU series: the span of its samples and the trailing stretch of each predicate.
 
-    start: IntArray
-    count: IntArray
-    duration_s: FloatArray
+    Predicates: `covered` (any counted sample), `idle` (util and memory near zero), `held`
+    (util near zero), `wasted` (util near zero, or high at low power). `start_ts[p]` is NaN
+    when the newest sample does not match `p`; `whole[p]` says the stretch spans every
+    sample seen, without a gap, so it may continue an older stretch (`extend`).
+    """
+
+    first_ts: FloatArray
+    last_ts: FloatArray
+    start_ts: Mapping[str, FloatArray]
+    count: Mapping[str, IntArray]
+    whole: Mapping[str, BoolArray]
+
+    def take(self, rows: IntArray) -> Stretches:
+        """The series at positions `rows` (a reordering or subset)."""
+        return Stretches(self.first_ts[rows], self.last_ts[rows], {p: v[rows] for p, v in self.start_ts.items()},
+                         {p: v[rows] for p, v in self.count.items()}, {p: v[rows] for p, v in self.whole.items()})
+
+    def duration_s(self, predicate: str) -> FloatArray:
+        return np.nan_to_num(self.last_ts - self.start_ts[predicate], nan=0.0)
 
 
-def detect(
-    batch: SampleBatch,
-    policies: Mapping[str, ClassPolicy],
-    default: ClassPolicy,
-    now_ts: float,
-    gap_s: float,
-) -> list[Verdict]:
-    """Verdicts for every job of `batch` at `now_ts`, in batch order."""
+def stretches(batch: SampleBatch, policies: Mapping[str, ClassPolicy], default: ClassPolicy, gap_s: float) -> Stretches:
+    """The trailing stretches of every series of `batch` (pure; the costly part of a tick)."""
     params = _Params.of(batch.metas, policies, default)
-    n_series = len(batch.series_offsets) - 1
     series_of_job = np.repeat(np.arange(len(batch.metas)), np.diff(batch.job_offsets))
     job_of_sample = np.repeat(series_of_job, np.diff(batch.series_offsets))
     first, last = batch.series_offsets[:-1], batch.series_offsets[1:] - 1
@@ -233,26 +245,85 @@ def detect(
     fake = (batch.util >= _per_sample(params.busy_util, job_of_sample)) & (
         batch.power <= _per_sample(params.low_power, job_of_sample) * batch.power_limit
     )
-    stretches = {
-        "covered": _trailing(counted, breaks, batch.ts, first, last),
-        "idle": _trailing(counted & util_low & memory_low, breaks, batch.ts, first, last),
-        "held": _trailing(counted & util_low, breaks, batch.ts, first, last),
-        "wasted": _trailing(counted & (util_low | fake), breaks, batch.ts, first, last),
+    matches = {
+        "covered": counted,
+        "idle": counted & util_low & memory_low,
+        "held": counted & util_low,
+        "wasted": counted & (util_low | fake),
     }
-    fresh = (now_ts - batch.ts[last]) <= gap_s
+    start_ts, count, whole = {}, {}, {}
+    for name, match in matches.items():
+        start = _trailing_start(match, breaks, first, last)
+        count[name] = last - start + 1
+        start_ts[name] = np.where(count[name] > 0, batch.ts[np.minimum(start, last)], np.nan)
+        whole[name] = start == first
+    return Stretches(batch.ts[first], batch.ts[last], start_ts, count, whole)
+
+
+def extend(older: Stretches, newer: Stretches, gap_s: float) -> Stretches:
+    """Stretches over older + newer samples of the same series (same order), from their summaries.
+
+    `newer` must hold only samples after `older.last_ts`. A newer stretch that spans all
+    its samples continues the older one when no gap separates them; otherwise it restarts.
+    """
+    joined = (newer.first_ts - older.last_ts) <= gap_s
+    start_ts, count, whole = {}, {}, {}
+    for name in PREDICATES:
+        continues = joined & newer.whole[name] & (older.count[name] > 0)
+        start_ts[name] = np.where(continues, older.start_ts[name], newer.start_ts[name])
+        count[name] = np.where(continues, older.count[name] + newer.count[name], newer.count[name])
+        whole[name] = continues & older.whole[name]
+    return Stretches(older.first_ts, newer.last_ts, start_ts, count, whole)
+
+
+def detect(
+    batch: SampleBatch,
+    policies: Mapping[str, ClassPolicy],
+    default: ClassPolicy,
+    now_ts: float,
+    gap_s: float,
+) -> list[Verdict]:
+    """Verdicts for every job of `batch` at `now_ts`, in batch order, with full evidence."""
+    found = stretches(batch, policies, default, gap_s)
+    params = _Params.of(batch.metas, policies, default)
+    window_s = np.repeat(params.window, np.diff(batch.job_offsets))
+    evidence = _evidence(batch, window_s, found)
+    return judge(batch.metas, batch.job_offsets, found, policies, default, now_ts, gap_s, evidence)
+
+
+def judge(
+    metas: Sequence[JobMeta],
+    job_offsets: IntArray,
+    found: Stretches,
+    policies: Mapping[str, ClassPolicy],
+    default: ClassPolicy,
+    now_ts: float,
+    gap_s: float,
+    evidence: Sequence[GpuEvidence],
+) -> list[Verdict]:
+    """Verdicts from stretches: job `j` owns series `job_offsets[j]:job_offsets[j+1]` (never empty)."""
+    params = _Params.of(metas, policies, default)
+    series_of_job = np.repeat(np.arange(len(metas)), np.diff(job_offsets))
+    fresh = (now_ts - found.last_ts) <= gap_s
     window_s = params.window[series_of_job]
-    ok = {name: fresh & (s.duration_s >= window_s) & (s.count >= params.min_samples[series_of_job])
-          for name, s in stretches.items()}
-    evidence = _evidence(batch, params.window[series_of_job], stretches)
-    job_first = batch.job_offsets[:-1]
+    ok = {name: fresh & (found.duration_s(name) >= window_s) & (found.count[name] >= params.min_samples[series_of_job])
+          for name in PREDICATES}
+    job_first = job_offsets[:-1]
     all_ok = {name: np.logical_and.reduceat(value, job_first) for name, value in ok.items()}
     unused = np.add.reduceat(ok["held"].astype(np.int64), job_first)
-    since = {name: np.maximum.reduceat(batch.ts[np.minimum(s.start, last)], job_first) for name, s in stretches.items()}
-    assert n_series == len(evidence)
+    since = {name: np.fmax.reduceat(found.start_ts[name], job_first) for name in PREDICATES}
     return [
-        _verdict(j, batch, params, now_ts, all_ok, int(unused[j]), since, evidence)
-        for j in range(len(batch.metas))
+        _verdict(j, metas[j], job_offsets, params, now_ts, all_ok, int(unused[j]), since, evidence)
+        for j in range(len(metas))
     ]
+
+
+def bare_evidence(found: Stretches, nodes: Sequence[str], gpus: Sequence[int]) -> list[GpuEvidence]:
+    """Evidence from stretches alone (the controller's incremental path keeps no readings)."""
+    columns = (found.count["covered"].tolist(), found.first_ts.tolist(), found.last_ts.tolist(),
+               found.duration_s("held").tolist(), found.duration_s("wasted").tolist())
+    return [GpuEvidence(node, gpu, n, t0, t1, None, None, None, held, wasted)
+            for node, gpu, n, t0, t1, held, wasted in zip(nodes, gpus, *columns)]
 
 
 def _per_sample(per_job: FloatArray, job_of_sample: IntArray) -> FloatArray | float:
@@ -262,24 +333,21 @@ def _per_sample(per_job: FloatArray, job_of_sample: IntArray) -> FloatArray | fl
     return per_job[job_of_sample]
 
 
-def _trailing(match: BoolArray, breaks: BoolArray, ts: FloatArray, first: IntArray, last: IntArray) -> _Stretch:
+def _trailing_start(match: BoolArray, breaks: BoolArray, first: IntArray, last: IntArray) -> IntArray:
+    """Per series, the index where its trailing stretch of `match` begins (last + 1: empty)."""
     # The stretch starts after the newest non-matching sample, or at the newest gap break:
     # find the newest such "cut" at or before each series' last sample (cuts are sorted).
     cut_at = np.flatnonzero(breaks | ~match)
     cut_start = cut_at + ~match[cut_at]
-    newest = np.searchsorted(cut_at, last, side="right") - 1
-    # Every series' first sample is a break, so `newest` always lands inside the series.
-    start = cut_start[newest]
-    count = last - start + 1
-    duration = np.where(count > 0, ts[last] - ts[np.minimum(start, last)], 0.0)
-    return _Stretch(start=start, count=count, duration_s=duration)
+    # Every series' first sample is a break, so the cut found always lies inside the series.
+    return np.asarray(cut_start[np.searchsorted(cut_at, last, side="right") - 1], dtype=np.int64)
 
 
-def _evidence(batch: SampleBatch, window_s: FloatArray, stretches: Mapping[str, _Stretch]) -> list[GpuEvidence]:
+def _evidence(batch: SampleBatch, window_s: FloatArray, found: Stretches) -> list[GpuEvidence]:
     first, last = batch.series_offsets[:-1], batch.series_offsets[1:] - 1
     lengths = np.diff(batch.series_offsets)
     in_window = batch.ts >= np.repeat(batch.ts[last] - window_s, lengths)
-    # First sample of each series' window: the window is a suffix of the series.
+    # The window is a suffix of each series: count its samples to find where it begins.
     count = np.add.reduceat(in_window.astype(np.int64), first)
     window_first = last - count + 1
     power_pct = 100.0 * batch.power / batch.power_limit
@@ -290,13 +358,10 @@ def _evidence(batch: SampleBatch, window_s: FloatArray, stretches: Mapping[str, 
         _optional(_masked_max(batch.util, in_window, first)),
         _optional(_masked_max(batch.memory, in_window, first)),
         _optional(_masked_mean(power_pct, in_window, first)),
-        stretches["held"].duration_s.tolist(),
-        stretches["wasted"].duration_s.tolist(),
+        found.duration_s("held").tolist(),
+        found.duration_s("wasted").tolist(),
     )
-    return [
-        GpuEvidence(*fields)
-        for fields in zip(batch.series_node, batch.series_gpu, *columns)
-    ]
+    return [GpuEvidence(*fields) for fields in zip(batch.series_node, batch.series_gpu, *columns)]
 
 
 def _masked_max(values: FloatArray, mask: BoolArray, first: IntArray) -> FloatArray:
@@ -321,7 +386,8 @@ _KIND_STRETCH = {"idle": "idle", "memory_held": "held", "fake_busy": "wasted", "
 
 def _verdict(
     j: int,
-    batch: SampleBatch,
+    meta: JobMeta,
+    job_offsets: IntArray,
     params: _Params,
     now_ts: float,
     all_ok: Mapping[str, BoolArray],
@@ -329,8 +395,7 @@ def _verdict(
     since: Mapping[str, FloatArray],
     evidence: Sequence[GpuEvidence],
 ) -> Verdict:
-    meta = batch.metas[j]
-    lo, hi = int(batch.job_offsets[j]), int(batch.job_offsets[j + 1])
+    lo, hi = int(job_offsets[j]), int(job_offsets[j + 1])
     n_gpus = hi - lo
     window_s = float(params.window[j])
     kind, reason, used = _classify(meta, n_gpus, all_ok, j, unused, now_ts, float(params.grace_end[j]), window_s)

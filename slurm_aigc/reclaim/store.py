@@ -52,6 +52,7 @@ class ActionRow:
 class SampleRow:
     """A `job_gpu_samples` row, as the detectors read it."""
 
+    id: int
     job_id: str
     node: str
     gpu_index: int
@@ -119,14 +120,21 @@ class ReclaimStore:
 
     def samples(self, job_ids: Iterable[str], since_ts: float) -> list[SampleRow]:
         """`job_gpu_samples` of these jobs since `since_ts`, sorted by job, node, GPU, time."""
+        return self._samples(job_ids, JobGpuSample.ts >= since_ts)
+
+    def samples_after(self, job_ids: Iterable[str], after_id: int) -> list[SampleRow]:
+        """Rows of these jobs inserted after row `after_id` (the controller's incremental read)."""
+        return self._samples(job_ids, JobGpuSample.id > after_id)
+
+    def _samples(self, job_ids: Iterable[str], condition: Any) -> list[SampleRow]:
         rows: list[SampleRow] = []
-        columns = (JobGpuSample.job_id, JobGpuSample.node, JobGpuSample.gpu_index, JobGpuSample.ts,
+        columns = (JobGpuSample.id, JobGpuSample.job_id, JobGpuSample.node, JobGpuSample.gpu_index, JobGpuSample.ts,
                    JobGpuSample.sm_util_pct, JobGpuSample.memory_used_mib, JobGpuSample.power_draw_w,
                    JobGpuSample.power_limit_w, JobGpuSample.shared)
         with transaction(self._factory) as session:
             for chunk in _chunks(sorted(set(job_ids))):
-                query = select(*columns).where(JobGpuSample.job_id.in_(chunk), JobGpuSample.ts >= since_ts)
-                rows.extend(SampleRow(*r) for r in session.execute(query))
+                query = select(*columns).where(JobGpuSample.job_id.in_(chunk), condition)
+                rows.extend(SampleRow(**r._asdict()) for r in session.execute(query))
         rows.sort(key=lambda r: (r.job_id, r.node, r.gpu_index, r.ts))
         return rows
 

@@ -191,8 +191,13 @@ class Aggregator:
             acc.whole_jobs.add(job)
         if record.tres.shards > 0:
             acc.shard_jobs.add(job)
-        if record.running and (record.end_ts is None):
+        if self._running_at_end(record):
             acc.running_jobs.add(job)
+
+    def _running_at_end(self, record: JobRecord) -> bool:
+        until = self._p.until_ts
+        started = record.start_ts is not None and record.start_ts < until
+        return started and (record.end_ts is None or record.end_ts > until)
 
     def _count_segment(self, record: JobRecord, attrs: tuple[str, ...]) -> None:
         # Waits and requeues belong to the day the segment started (or was submitted).

@@ -94,7 +94,9 @@ def text_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
     widths = [max(len(str(row[i])) for row in [header, *body]) for i in range(len(header))]
     lines = []
     for row in [header, *body]:
-        lines.append("  ".join(str(c).rjust(w) if i and _numeric(str(c)) else str(c).ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip())
+        cells = (str(c).rjust(w) if i and _numeric(str(c)) else str(c).ljust(w)
+                 for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+        lines.append("  ".join(cells).rstrip())
         if row is header:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)

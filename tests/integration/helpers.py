@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
+from slurm_aigc.errors import SlurmCommandError
 from slurm_aigc.slurm import JobInfo
 
 T = TypeVar("T")
@@ -38,7 +39,10 @@ def wait_job_state(cluster: object, job_id: str, states: Iterable[str] | str, ti
     wanted = {states} if isinstance(states, str) else set(states)
 
     def current() -> JobInfo | None:
-        job = cluster.slurm.job(job_id)  # type: ignore[attr-defined]
+        try:
+            job = cluster.slurm.job(job_id)  # type: ignore[attr-defined]
+        except SlurmCommandError:
+            return None  # slurmctld busy for a moment (other tests share it): ask again
         return job if job is not None and job.state.split()[0] in wanted else None
 
     return wait_for(current, timeout_s, f"job {job_id} to reach {sorted(wanted)}")

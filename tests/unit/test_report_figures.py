@@ -79,12 +79,14 @@ def test_slurm_24_11_figures_by_gpu_type_and_user() -> None:
 
 
 def test_window_clips_and_running_jobs_count_to_until() -> None:
-    jobs = [record("1", "2026-11-29T22:00:00", "2026-11-30T02:00:00", "gres/gpu:a100=2,gres/gpu=2"),
-            record("2", "2026-11-30T23:30:00", None, "gres/gpu:a100=1,gres/gpu=1", state="RUNNING")]
+    jobs = [record("1", "2026-11-29T22:00:00", "2026-11-30T02:00:00", "gres/gpu:a100=2,gres/gpu=2", submit="2026-11-29T20:00:00"),
+            record("2", "2026-11-30T23:30:00", None, "gres/gpu:a100=1,gres/gpu=1", state="RUNNING"),
+            record("3", "2026-11-30T23:00:00", "2026-12-01T05:00:00", "gres/gpu:t4=4,gres/gpu=4")]
     report = build_report(params(), jobs)
-    assert report.total.gpu_hours_allocated == pytest.approx(2 * 2 + 0.5)
-    assert report.total.running_jobs == 1
-    assert report.total.queue_wait_mean_s == 0.0  # job 1 started before the window: its wait is not this window's
+    assert report.total.gpu_hours_allocated == pytest.approx(2 * 2 + 0.5 + 4 * 1)
+    assert report.total.running_jobs == 2  # at the window end: job 2 still runs, job 3 ran on
+    assert report.total.queue_wait_p95_s == 0.0  # job 1 started before the window: its wait is not this window's
+    assert report.total.run_segments == 3
 
 
 def test_day_grouping_splits_at_midnight() -> None:
