@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from slurm_aigc.errors import ConfigError
 
@@ -291,7 +290,3 @@ def _check_cancel(node: Node, config: ReclaimConfig) -> None:
                 where = f"defaults.ladder.{verdict}" if name == "defaults" else f"classes.{name}.ladder.{verdict}"
                 raise ConfigError(node.source, f"{node.path}.{where}", "cancel is off; set reclaim.cancel_enabled: true to use it")
 
-
-def describe(config: ReclaimConfig) -> dict[str, Any]:
-    """A plain-data view of the config (for `idle list --json` and logs)."""
-    return {"dry_run": config.dry_run, "poll_interval_s": config.poll_interval_s, "gap_s": config.gap_s, "stale_s": config.stale_s}

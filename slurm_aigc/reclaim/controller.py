@@ -91,11 +91,11 @@ def windows_from_rows(metas: Mapping[str, JobMeta], rows: Sequence[SampleRow]) -
     return [JobWindow(metas[job_id], tuple(series)) for job_id, series in by_job.items() if job_id in metas]
 
 
-def job_meta(job: JobInfo, now_ts: float, shared: bool = False) -> JobMeta:
+def job_meta(job: JobInfo, facts: JobFacts, now_ts: float, shared: bool = False) -> JobMeta:
     """The detectors' view of a running job; `shared`: an agent saw another job on its GPUs."""
     shards = uses_shards(job)
     started = start_ts(job)
-    return JobMeta(job.job_id, job_facts(job, now_ts).job_class, now_ts if started is None else started,
+    return JobMeta(job.job_id, facts.job_class, now_ts if started is None else started,
                    None if shards else gpu_count(job), shared or shards)
 
 
@@ -156,13 +156,13 @@ class Controller:
     def assess(self) -> Assessment:
         """Judge every running GPU job over its full window, with evidence (`idle list`)."""
         now, jobs, newest = self._snapshot()
-        metas = {j.job_id: job_meta(j, now) for j in jobs}
-        rows = self._store.samples(metas, now - self.config.lookback_s()) if jobs else []
+        facts = {j.job_id: job_facts(j, now) for j in jobs}
+        rows = self._store.samples(facts, now - self.config.lookback_s()) if jobs else []
         shared = {r.job_id for r in rows if r.shared}
-        metas = {j.job_id: job_meta(j, now, j.job_id in shared) for j in jobs}
+        metas = {j.job_id: job_meta(j, facts[j.job_id], now, j.job_id in shared) for j in jobs}
         batch = batch_from_jobs(windows_from_rows(metas, rows))
         verdicts = detect(batch, self.config.classes, self.config.defaults, now, self.config.gap_s)
-        return self._plan(now, newest, jobs, with_missing(verdicts, metas, self.config, now))
+        return self._plan(now, newest, jobs, facts, with_missing(verdicts, metas, self.config, now))
 
     def tick(self) -> TickReport:
         """One cycle: reclaim, then the publisher; the first error is raised after both ran."""
@@ -189,20 +189,22 @@ class Controller:
                 and (self._only_jobs is None or j.job_id in self._only_jobs)]
         return now, jobs, self._store.newest_sample_ts()
 
-    def _plan(self, now: float, newest: float | None, jobs: Sequence[JobInfo], verdicts: Mapping[str, Verdict]) -> Assessment:
+    def _plan(self, now: float, newest: float | None, jobs: Sequence[JobInfo], facts: Mapping[str, JobFacts],
+              verdicts: Mapping[str, Verdict]) -> Assessment:
         stale = bool(jobs) and (newest is None or now - newest > self.config.stale_s)
         history = self._store.history(j.job_id for j in jobs)
         views = []
         for job in jobs:
-            facts = job_facts(job, now)
-            plan = plan_job(verdicts[job.job_id], facts, history.get(job.job_id, ()), self.config, now, self.dry_run)
-            views.append(JobView(job, facts, verdicts[job.job_id], plan))
+            mine = facts[job.job_id]
+            plan = plan_job(verdicts[job.job_id], mine, history.get(job.job_id, ()), self.config, now, self.dry_run)
+            views.append(JobView(job, mine, verdicts[job.job_id], plan))
         return Assessment(now, newest, stale, tuple(views))
 
     def _incremental(self) -> Assessment:
         """Judge every running GPU job, reading only samples newer than the last tick's."""
         now, jobs, newest = self._snapshot()
-        metas = {j.job_id: job_meta(j, now, j.job_id in self._shared_jobs) for j in jobs}
+        facts = {j.job_id: job_facts(j, now) for j in jobs}
+        metas = {j.job_id: job_meta(j, facts[j.job_id], now, j.job_id in self._shared_jobs) for j in jobs}
         self._tracker.prune(metas, now - self.config.lookback_s())
         known = self._tracker.jobs()
         fresh_jobs = [job_id for job_id in metas if job_id not in known]
@@ -215,11 +217,11 @@ class Controller:
                       key=lambda r: (r.job_id, r.node, r.gpu_index, r.ts))
         if any(r.shared and r.job_id not in self._shared_jobs for r in rows):
             self._shared_jobs |= {r.job_id for r in rows if r.shared}
-            metas = {j.job_id: job_meta(j, now, j.job_id in self._shared_jobs) for j in jobs}
+            metas = {j.job_id: job_meta(j, facts[j.job_id], now, j.job_id in self._shared_jobs) for j in jobs}
         self._tracker.update(batch_from_jobs(windows_from_rows(metas, rows)), self.config)
         tracked = {job_id: meta for job_id, meta in metas.items() if job_id in self._tracker.jobs()}
         verdicts = self._tracker.verdicts(tracked, self.config, now)
-        return self._plan(now, newest, jobs, with_missing(verdicts, metas, self.config, now))
+        return self._plan(now, newest, jobs, facts, with_missing(verdicts, metas, self.config, now))
 
     def _reclaim_tick(self) -> TickReport:
         reconciled = () if self._reconciled else self.reconcile()

@@ -1,4 +1,4 @@
-"""A fake Slurm command runner for reclaim tests (unit tests and the benchmark; no Slurm needed).
+"""A fake Slurm command runner for reclaim's unit tests (no Slurm needed).
 
 It answers the handful of commands `SlurmCli` runs for reclaim with `scontrol show job -o`
 lines in Slurm 22.05's format, applies requeue/hold/update/release to its jobs, and

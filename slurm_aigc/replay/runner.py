@@ -20,13 +20,15 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
+import yaml
 from sqlalchemy import func, select
 
 from slurm_aigc.db import ActionRecord, GpuSample, open_database
 from slurm_aigc.localcluster.config import PASS_THROUGH_HOOK, TEST_USERS
 from slurm_aigc.localcluster.manager import LocalCluster
+from slurm_aigc.replay.timescale import replay_policy
 from slurm_aigc.replay.metrics import END_STATES, JobOutcome, UsageSample
-from slurm_aigc.replay.workload import Workload, WorkloadJob, format_profile
+from slurm_aigc.replay.workload import Phase, Workload, WorkloadJob, format_profile, profile_seconds
 from slurm_aigc.report.sacct import JobRecord, SacctQuery, SacctReader, SkippedRow
 from slurm_aigc.report.tres import gpu_equivalents
 from slurm_aigc.slurm import SlurmCli
@@ -88,18 +90,15 @@ def sbatch_args(job: WorkloadJob) -> list[str]:
 def job_script(job: WorkloadJob, slurm_aigc_cmd: Sequence[str] = (SLURM_AIGC_BIN,)) -> str:
     """The batch script: `slurm-aigc gpu-load` playing the job's profile on the GPUs it got.
 
-    After a requeue (SLURM_RESTART_COUNT > 0) it plays `requeue_profile` when the workload
-    gives one (a job restarting from its checkpoint); an over-allocated job loads only the
-    first `gpus_used` of its GPUs.
+    After a requeue (SLURM_RESTART_COUNT > 0) it plays `requeue_profile`, or exits at once
+    when that is empty (the work was done, e.g. an idle tail); an over-allocated job loads
+    only the first `gpus_used` of its GPUs.
     """
-    base = [*slurm_aigc_cmd, "gpu-load", "--util", f"{job.util_pct or 85:g}", "--mem", f"{max(job.mem_used_gib_per_gpu, 0.1):g}G"]
-    first = shlex.join([*base, "--profile-spec", format_profile(job.profile)])
-    again = shlex.join([*base, "--profile-spec", format_profile(job.requeue_profile or job.profile)])
-    select_gpus = ""
-    if job.gpus_used and job.gpus_used < job.gpus:
-        select_gpus = f'GPUS=$(echo "${{SLURM_JOB_GPUS:-${{CUDA_VISIBLE_DEVICES}}}}" | cut -d, -f1-{job.gpus_used})\n'
-        first += ' --gpus "$GPUS"'
-        again += ' --gpus "$GPUS"'
+    only_used = job.gpus_used and job.gpus_used < job.gpus
+    first = _gpu_load(slurm_aigc_cmd, job, job.profile, only_used)
+    again = _gpu_load(slurm_aigc_cmd, job, job.requeue_profile, only_used) if job.requeue_profile else "true"
+    select_gpus = (f'GPUS=$(echo "${{SLURM_JOB_GPUS:-${{CUDA_VISIBLE_DEVICES}}}}" | cut -d, -f1-{job.gpus_used})\n'
+                   if only_used else "")
     return (
         "#!/bin/bash\n"
         f"# slurm-aigc replay job {job.name} ({job.job_class})\n"
@@ -109,6 +108,12 @@ def job_script(job: WorkloadJob, slurm_aigc_cmd: Sequence[str] = (SLURM_AIGC_BIN
         "fi\n"
         f"exec {first}\n"
     )
+
+
+def _gpu_load(slurm_aigc_cmd: Sequence[str], job: WorkloadJob, phases: Sequence[Phase], only_used: bool) -> str:
+    argv = [*slurm_aigc_cmd, "gpu-load", "--seconds", f"{profile_seconds(phases):g}", "--util", f"{job.util_pct or 85:g}",
+            "--mem", f"{max(job.mem_used_gib_per_gpu, 0.1):g}G", "--profile-spec", format_profile(phases)]
+    return shlex.join(argv) + (' --gpus "$GPUS"' if only_used else "")
 
 
 def outcomes_from_records(records: Sequence[JobRecord], classes: dict[str, str],
@@ -159,6 +164,7 @@ class ReplayRun:
 
     def run(self) -> RunRecord:
         self.settings.out_dir.mkdir(parents=True, exist_ok=True)
+        self.policy = self._write_run_policy()
         Path(self.db_url.removeprefix("sqlite:///")).unlink(missing_ok=True)
         open_database(self.db_url)
         self._prepare_cluster()
@@ -173,11 +179,21 @@ class ReplayRun:
         return self._collect(started)
 
     # ---- steps
+    def _write_run_policy(self) -> Path:
+        """The policy with durations compressed like the workload; stock agents publish nothing."""
+        compression = float(self.workload.meta.get("compression", "1") or 1)
+        site = yaml.safe_load(self.settings.policy.read_text()) or {}
+        scaled = replay_policy(site, compression, self.settings.agent_interval_s, publish_features=self.settings.mode == "aigc")
+        path = self.settings.out_dir / f"{self.settings.mode}-policy.yaml"
+        path.write_text(f"# {self.settings.policy} with durations divided by {compression:g} for replay\n"
+                        + yaml.safe_dump(scaled, sort_keys=False))
+        return path
+
     def _prepare_cluster(self) -> None:
         """Nothing of ours queued; the hook of this mode installed; features/weights reset."""
         self._cancel_leftovers()
         if self.settings.mode == "aigc":
-            _run_cli(["policy", "install", "--policy", str(self.settings.policy),
+            _run_cli(["policy", "install", "--policy", str(self.policy),
                       "--slurm-conf-dir", str(self.cluster.etc_dir)])
         else:
             _install_lua_atomically(self.cluster.etc_dir / "job_submit.lua", PASS_THROUGH_HOOK)
@@ -189,11 +205,9 @@ class ReplayRun:
         log_dir = self.settings.out_dir / f"{self.settings.mode}-logs"
         log_dir.mkdir(exist_ok=True)
         env = dict(os.environ, SLURM_AIGC_SIMGPU_DIR=str(self.cluster.simgpu_dir), PYTHONUNBUFFERED="1")
-        common = ["--config", str(self.settings.policy), "--db", self.db_url]
+        common = ["--config", str(self.policy), "--db", self.db_url]
         for node in self.cluster.shape().nodes:
             argv = ["agent", *common, "--backend", "sim", "--node", node.name, "--interval", f"{self.settings.agent_interval_s:g}"]
-            if self.settings.mode == "stock":
-                argv.append("--dry-run")  # observe only: stock Slurm gets no features from us
             self.daemons.append(_spawn(argv, log_dir / f"agent-{node.name}.log", env))
         if self.settings.mode == "aigc":
             argv = ["controller", *common, "--interval", f"{self.settings.controller_interval_s:g}", "--no-dry-run"]

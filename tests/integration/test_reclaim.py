@@ -28,7 +28,7 @@ from slurm_aigc.reclaim.jobs import gpu_count
 from slurm_aigc.reclaim.ladder import PlannedAction
 from slurm_aigc.reclaim.store import ActionRow, ReclaimStore
 from tests.conftest import SLURM_AIGC_BIN, ClusterHandle
-from tests.integration.helpers import cancel_quietly, submit, wait_for, wait_job_state
+from tests.integration.helpers import TERMINAL_STATES, cancel_quietly, submit, wait_for, wait_job_state
 
 pytestmark = pytest.mark.cluster
 
@@ -123,6 +123,16 @@ def reclaim(cluster: ClusterHandle) -> Iterator[Reclaim]:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def cancel(cluster: ClusterHandle, *job_ids: str) -> None:
+    """scancel, repeated until Slurm shows every job ended: a lost scancel must not leak a job."""
+    def all_ended() -> bool:
+        cancel_quietly(cluster, *job_ids)
+        states = [(job := cluster.slurm.job(j)) and job.state.split()[0] for j in job_ids]
+        return all(state in (None, "") or state in TERMINAL_STATES for state in states)
+
+    wait_for(all_ended, 60, f"jobs {', '.join(job_ids)} to end", interval_s=1.0)
+
+
 def load_job(cluster: ClusterHandle, profile: str, *sbatch_args: str, mem: str = "4G") -> str:
     script = f"{SLURM_AIGC_BIN} gpu-load --profile {profile} --mem {mem} --seconds 0\n"
     return submit(cluster, script, f"--job-name=reclaim-{profile}", *sbatch_args, user=None)
@@ -156,7 +166,7 @@ def test_idle_job_is_notified_then_requeued_and_runs_again(reclaim: Reclaim) -> 
         again = wait_job_state(cluster, job_id, "RUNNING", timeout_s=90)
         assert again.restarts == 1
     finally:
-        cancel_quietly(cluster, job_id)
+        cancel(cluster, job_id)
 
 
 def test_over_allocated_job_is_shrunk_and_restarts_with_one_gpu(reclaim: Reclaim) -> None:
@@ -171,7 +181,7 @@ def test_over_allocated_job_is_shrunk_and_restarts_with_one_gpu(reclaim: Reclaim
         again = wait_job_state(cluster, job_id, "RUNNING", timeout_s=90)
         assert (again.restarts, gpu_count(again)) == (1, 1)
     finally:
-        cancel_quietly(cluster, job_id)
+        cancel(cluster, job_id)
 
 
 def test_interactive_and_no_requeue_jobs_are_never_requeued(reclaim: Reclaim) -> None:
@@ -192,7 +202,7 @@ def test_interactive_and_no_requeue_jobs_are_never_requeued(reclaim: Reclaim) ->
             job = cluster.slurm.job(job_id)
             assert job is not None and (job.state, job.restarts) == ("RUNNING", 0)
     finally:
-        cancel_quietly(cluster, interactive, pinned)
+        cancel(cluster, interactive, pinned)
 
 
 def test_fake_busy_job_is_flagged(reclaim: Reclaim) -> None:
@@ -208,7 +218,7 @@ def test_fake_busy_job_is_flagged(reclaim: Reclaim) -> None:
                                  "--job", job_id], capture_output=True, text=True, timeout=60, check=True).stdout
         assert "fake_busy" in listed
     finally:
-        cancel_quietly(cluster, job_id)
+        cancel(cluster, job_id)
 
 
 def test_controller_killed_between_intent_and_outcome_does_not_requeue_twice(reclaim: Reclaim) -> None:
@@ -249,7 +259,7 @@ def test_controller_killed_between_intent_and_outcome_does_not_requeue_twice(rec
         job = cluster.slurm.job(job_id)
         assert job is not None and job.restarts == 1
     finally:
-        cancel_quietly(cluster, job_id)
+        cancel(cluster, job_id)
 
 
 def test_dry_run_changes_nothing_in_slurm(reclaim: Reclaim) -> None:
@@ -268,4 +278,4 @@ def test_dry_run_changes_nothing_in_slurm(reclaim: Reclaim) -> None:
         assert after is not None
         assert (after.state, after.restarts, after.admin_comment) == ("RUNNING", 0, before.admin_comment)
     finally:
-        cancel_quietly(cluster, job_id)
+        cancel(cluster, job_id)

@@ -110,6 +110,25 @@ def test_over_allocated_job_is_shrunk(db_url: str) -> None:
     assert fake.jobs["5"].gpus == 1
 
 
+def test_a_requeued_job_starts_a_new_run_with_a_new_grace(db_url: str) -> None:
+    fake = FakeSlurm(jobs={"7": FakeJob("7")})
+    add_samples(db_url, "7", 1, START + 200.0)
+    controller, clock = make(db_url, fake, START + 200.0)
+    assert controller.tick().results[0].action == "notify"
+    # Requeued by someone else; it runs again from START + 300 s on the same GPU.
+    fake.jobs["7"].restarts, fake.jobs["7"].start = 1, "2026-01-01T00:05:00"
+    add_samples(db_url, "7", 1, START + 305.0, start=START + 300.0)
+    clock.now = START + 305.0
+    report = controller.tick()
+    [view] = report.assessment.views
+    assert report.results == ()
+    assert "grace" in view.verdict.reason  # the old run's idle stretch does not carry over
+    add_samples(db_url, "7", 1, START + 380.0, start=START + 310.0)
+    clock.now = START + 380.0
+    [result] = controller.tick().results
+    assert (result.observation_key, result.state) == ("7/r1/idle/0:notify", "done")
+
+
 def test_stale_samples_mean_no_action(db_url: str) -> None:
     fake = FakeSlurm(jobs={"7": FakeJob("7")})
     add_samples(db_url, "7", 1, START + 200.0)

@@ -49,8 +49,16 @@ def test_script_plays_the_profile_then_the_requeue_profile_after_a_restart(tmp_p
     assert first[:1] == ["gpu-load"]
     assert first[first.index("--profile-spec") + 1] == "loading:10,busy:30"
     assert first[first.index("--mem") + 1] == "12G"
+    assert first[first.index("--seconds") + 1] == "40"
     again = run_script(script, tmp_path, SLURM_RESTART_COUNT="1")
     assert again[again.index("--profile-spec") + 1] == "busy:15"
+    assert again[again.index("--seconds") + 1] == "15"
+
+
+def test_requeued_job_without_a_requeue_profile_exits_at_once(tmp_path: Path) -> None:
+    script = job_script(job(), ["/FAKE/slurm-aigc"])
+    assert run_script(script, tmp_path)[:1] == ["gpu-load"]
+    assert run_script(script, tmp_path, SLURM_RESTART_COUNT="2") == []
 
 
 def test_over_allocated_job_loads_only_the_gpus_it_uses(tmp_path: Path) -> None:

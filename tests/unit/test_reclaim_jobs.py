@@ -1,0 +1,55 @@
+"""Reading GPU counts, shrink updates and holds from `scontrol show job` (22.05 and newer formats)."""
+
+from __future__ import annotations
+
+from slurm_aigc.reclaim.fakes import FakeJob
+from slurm_aigc.reclaim.jobs import gpu_count, is_held, job_facts, requested_gpus, shrink_updates, uses_shards
+from slurm_aigc.slurm import JobInfo, job_from_fields, parse_key_values
+
+
+def job(**fields: str) -> JobInfo:
+    line = FakeJob("5", gpus=4).line()
+    base = parse_key_values(line)
+    base.update(fields)
+    return job_from_fields(base)
+
+
+def test_gpu_count_from_alloc_tres_then_request() -> None:
+    assert gpu_count(job()) == 4
+    pending = job(AllocTRES="(null)", TresPerNode="gres/gpu:a100:2", NumNodes="2")
+    assert gpu_count(pending) == 4  # per node x nodes (23.02+ spelling)
+    assert gpu_count(job(AllocTRES="(null)", TresPerNode="(null)", TresPerJob="gres:gpu:3")) == 3
+    assert gpu_count(job(AllocTRES="cpu=1,mem=1G", TresPerNode="(null)")) == 0
+
+
+def test_shards_mean_shared_gpus() -> None:
+    shard = job(AllocTRES="cpu=1,gres/shard=16", TresPerNode="gres:shard:16")
+    assert uses_shards(shard) and gpu_count(shard) == 0
+    assert not uses_shards(job())
+
+
+def test_shrink_keeps_the_type_and_offers_both_spellings() -> None:
+    assert shrink_updates(job(), 1) == [{"Gres": "gpu:a100:1"}, {"TresPerNode": "gres/gpu:a100:1"}]
+    untyped = job(TresPerNode="gres:gpu:4")
+    assert shrink_updates(untyped, 2) == [{"Gres": "gpu:2"}, {"TresPerNode": "gres/gpu:2"}]
+    assert shrink_updates(job(NumNodes="2"), 1) == []
+    per_job = job(TresPerNode="(null)", TresPerJob="gres:gpu:a100:4")
+    assert shrink_updates(per_job, 1)[0] == {"TresPerJob": "gres/gpu:a100:1"}
+    assert shrink_updates(job(TresPerNode="gres:shard:8"), 1) == []
+
+
+def test_requested_gpus_after_update() -> None:
+    assert requested_gpus(job(TresPerNode="gres/gpu:a100:1")) == 1
+
+
+def test_held_after_requeuehold_on_22_05() -> None:
+    held = job(JobState="PENDING", Reason="job_requeued_in_held_state", Priority="0")
+    assert is_held(held)
+    assert is_held(job(JobState="PENDING", Reason="JobHeldUser", Priority="0"))
+    assert not is_held(job(JobState="PENDING", Reason="Resources", Priority="4294"))
+    assert not is_held(job(JobState="RUNNING", Reason="None", Priority="0"))
+
+
+def test_facts_read_class_opt_out_and_requeue() -> None:
+    facts = job_facts(job(Comment="aigc:type=infer,reclaim=no aigc_class=infer", Requeue="0"), 0.0)
+    assert (facts.job_class, facts.opt_out, facts.requeue_allowed, facts.gpus, facts.shrinkable) == ("infer", True, False, 4, True)
