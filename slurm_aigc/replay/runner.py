@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import yaml
 from sqlalchemy import func, select
@@ -31,6 +32,7 @@ from slurm_aigc.replay.metrics import END_STATES, JobOutcome, UsageSample
 from slurm_aigc.replay.workload import Phase, Workload, WorkloadJob, format_profile, profile_seconds
 from slurm_aigc.report.sacct import JobRecord, SacctQuery, SacctReader, SkippedRow
 from slurm_aigc.report.tres import gpu_equivalents
+from slurm_aigc.errors import AigcError, SlurmCommandError
 from slurm_aigc.slurm import SlurmCli
 
 Progress = Callable[[str], None]
@@ -94,7 +96,7 @@ def job_script(job: WorkloadJob, slurm_aigc_cmd: Sequence[str] = (SLURM_AIGC_BIN
     when that is empty (the work was done, e.g. an idle tail); an over-allocated job loads
     only the first `gpus_used` of its GPUs.
     """
-    only_used = job.gpus_used and job.gpus_used < job.gpus
+    only_used = 0 < job.gpus_used < job.gpus
     first = _gpu_load(slurm_aigc_cmd, job, job.profile, only_used)
     again = _gpu_load(slurm_aigc_cmd, job, job.requeue_profile, only_used) if job.requeue_profile else "true"
     select_gpus = (f'GPUS=$(echo "${{SLURM_JOB_GPUS:-${{CUDA_VISIBLE_DEVICES}}}}" | cut -d, -f1-{job.gpus_used})\n'
@@ -160,6 +162,8 @@ class ReplayRun:
         self.db_url = f"sqlite:///{settings.out_dir.resolve()}/{settings.mode}.db"
         self.daemons: list[subprocess.Popen[bytes]] = []
         self.job_ids: dict[str, str] = {}
+        self.refused: list[str] = []
+        self.scaled_policy: dict[str, Any] = {}
         self.job_command = cluster.job_command()
 
     def run(self) -> RunRecord:
@@ -184,6 +188,7 @@ class ReplayRun:
         compression = float(self.workload.meta.get("compression", "1") or 1)
         site = yaml.safe_load(self.settings.policy.read_text()) or {}
         scaled = replay_policy(site, compression, self.settings.agent_interval_s, publish_features=self.settings.mode == "aigc")
+        self.scaled_policy = scaled
         path = self.settings.out_dir / f"{self.settings.mode}-policy.yaml"
         path.write_text(f"# {self.settings.policy} with durations divided by {compression:g} for replay\n"
                         + yaml.safe_dump(scaled, sort_keys=False))
@@ -197,8 +202,12 @@ class ReplayRun:
                       "--slurm-conf-dir", str(self.cluster.etc_dir)])
         else:
             _install_lua_atomically(self.cluster.etc_dir / "job_submit.lua", PASS_THROUGH_HOOK)
-        # reconfigure also drops features/weights a previous run's publisher set.
+        # reconfigure also drops features/weights a previous run's publisher set; the hook must
+        # then not prefer model features Slurm no longer has (Slurm rejects such a --prefer).
         self.slurm.reconfigure()
+        published = (self.scaled_policy.get("scoring") or {}).get("published_features_file")
+        if published and Path(published).exists():
+            Path(published).write_text("")
         self.progress(f"{self.settings.mode}: hook {'installed' if self.settings.mode == 'aigc' else 'pass-through'}, cluster reset")
 
     def _start_daemons(self) -> None:
@@ -223,8 +232,9 @@ class ReplayRun:
                 time.sleep(delay)  # the workload's own arrival clock, not a test wait
             try:
                 self.job_ids[job.name] = self.slurm.submit(sbatch_args(job), job_script(job, self.job_command), user=user_for(job, index))
-            except Exception as error:  # noqa: BLE001 - a refused job is a result, not a crash
-                self.progress(f"{self.settings.mode}: {job.name} refused by sbatch: {error}")
+            except SlurmCommandError as error:  # a refused job is a result (counted as lost), not a crash
+                self.refused.append(job.name)
+                self.progress(f"{self.settings.mode}: {job.name} refused by sbatch: {error.stderr.strip().splitlines()[-1:]}")
             if time.time() >= next_report:
                 self.progress(f"{self.settings.mode}: submitted {index + 1}/{len(jobs)}")
                 next_report = time.time() + self.settings.progress_every_s
@@ -273,6 +283,10 @@ class ReplayRun:
         for job_id in ids:
             if job_id not in seen:
                 outcomes.append(JobOutcome(job_id, classes.get(job_id, "unknown"), 0.0, started, None, None, "LOST"))
+        by_name = {job.name: job for job in self.workload.jobs}
+        for name in self.refused:
+            submitted = started + by_name[name].submit_offset_s
+            outcomes.append(JobOutcome(f"refused:{name}", by_name[name].job_class, 0.0, submitted, None, None, "REFUSED"))
         samples, reclaimed = self._samples(started)
         return RunRecord(self.settings.mode, tuple(outcomes), samples, self.cluster.shape().total_gpus, reclaimed,
                          tuple(skipped), dict(self.job_ids), time.time())
@@ -315,7 +329,6 @@ def _spawn(args: Sequence[str], log: Path, env: dict[str, str]) -> subprocess.Po
 def _run_cli(args: Sequence[str]) -> None:
     result = subprocess.run([SLURM_AIGC_BIN, *args], capture_output=True, text=True, check=False, timeout=120)
     if result.returncode != 0:
-        from slurm_aigc.errors import AigcError
         raise AigcError(f"slurm-aigc {' '.join(args)} failed: {result.stderr.strip()[-600:]}")
 
 
