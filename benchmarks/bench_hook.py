@@ -31,7 +31,7 @@ from slurm_aigc.policy.paths import shipped_policy
 from slurm_aigc.policy.render import render_hook
 from slurm_aigc.slurm import slurm_conf_dir
 
-PASS_THROUGH = """-- pass-through hook (benchmarks/bench_hook.py)
+NOOP_LUA = """-- pass-through hook (benchmarks/bench_hook.py)
 function slurm_job_submit(job_desc, part_list, submit_uid) return slurm.SUCCESS end
 function slurm_job_modify(job_desc, job_rec, part_list, modify_uid) return slurm.SUCCESS end
 return slurm.SUCCESS
@@ -84,7 +84,7 @@ def usec_by_job(log: Path) -> dict[str, int]:
 
 def lua_cost() -> list[tuple[str, float, float]]:
     hook = HookRuntime(render_hook(load_policy(shipped_policy())))
-    none = HookRuntime(PASS_THROUGH)
+    none = HookRuntime(NOOP_LUA)
     cases: list[tuple[str, dict[str, object], int]] = [
         ("tagged infer -> shard", {"comment": "exp aigc:type=infer,model=llama3-8b,vram=20G", "tres_per_node": "gres:gpu:1"}, 1001),
         ("tagged train -> nvlink", {"comment": "aigc:type=train", "tres_per_node": "gres:gpu:4", "min_nodes": 1}, 1001),
@@ -121,8 +121,8 @@ def main() -> None:
         done = 0
         while done < args.jobs:
             size = min(args.batch, args.jobs - done)
-            for arm, text in (("hook", hook_text), ("none", PASS_THROUGH)) if (done // args.batch) % 2 == 0 \
-                    else (("none", PASS_THROUGH), ("hook", hook_text)):
+            for arm, text in (("hook", hook_text), ("none", NOOP_LUA)) if (done // args.batch) % 2 == 0 \
+                    else (("none", NOOP_LUA), ("hook", hook_text)):
                 install_and_settle(text, conf_dir)
                 batch_ids, batch_seconds = run_batch(size, done)
                 ids[arm].extend(batch_ids)

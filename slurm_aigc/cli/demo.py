@@ -20,7 +20,7 @@ from slurm_aigc.localcluster.manager import LocalCluster
 from slurm_aigc.localcluster.shape import DEFAULT_SHAPE
 from slurm_aigc.policy.paths import default_policy
 from slurm_aigc.replay.compare import metrics_of
-from slurm_aigc.replay.runner import SLURM_AIGC_BIN, RunSettings, ReplayRun
+from slurm_aigc.replay.runner import SLURM_AIGC_BIN, ReplayRun, RunSettings
 from slurm_aigc.replay.workload import write_workload
 
 

@@ -155,7 +155,7 @@ def render_cgroup_conf(layout: Layout) -> str:
     return f"# Written by slurm-aigc cluster up.\n{plugin}\n"
 
 
-PASS_THROUGH_HOOK = """-- slurm-aigc placeholder: accepts every job unchanged until `slurm-aigc policy install`.
+NOOP_HOOK_LUA = """-- slurm-aigc placeholder: accepts every job unchanged until `slurm-aigc policy install`.
 function slurm_job_submit(job_desc, part_list, submit_uid)
     return slurm.SUCCESS
 end

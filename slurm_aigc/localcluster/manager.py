@@ -263,7 +263,7 @@ class LocalCluster:
         dbd_conf.chmod(0o600)
         hook = layout.etc / "job_submit.lua"
         if not hook.exists():
-            hook.write_text(config.PASS_THROUGH_HOOK)
+            hook.write_text(config.NOOP_HOOK_LUA)
         self._link_system_conf(layout.slurm_conf)
         for user in config.TEST_USERS:
             if _run(["id", user], check=False).returncode != 0:

@@ -183,7 +183,7 @@ def _class_list(node: Node, key: str, known: set[str], default: tuple[str, ...])
     if key not in node.value:
         return tuple(c for c in default if c in known)
     values = string_list(node, key)
-    for index, value in enumerate(values):
+    for index, _value in enumerate(values):
         _known_class(node.child(key).child(index), known)
     return values
 

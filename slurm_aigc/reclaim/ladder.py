@@ -11,19 +11,16 @@ and its ladder starts again; `max_actions_per_job` bounds the total.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from slurm_aigc.reclaim.config import ReclaimConfig
 from slurm_aigc.reclaim.detect import Verdict
+from slurm_aigc.tags import comment_tags, job_class
 
 ADMIN_COMMENT_TAG = "aigc-reclaim:"
 # The hook's grammar (see policy/ and telemetry/publisher.py): `aigc:k=v,k=v` (also `;` or
 # `|` between pairs) and the class the hook appends as `aigc_class=X`.
-_TAG_RE = re.compile(r"aigc:(\S+)")
-_PAIR_SPLIT_RE = re.compile(r"[,;|]")
-_CLASS_RE = re.compile(r"(?:^|[\s;,|])aigc_class=([A-Za-z0-9_.-]+)")
 
 
 @dataclass(frozen=True)
@@ -91,25 +88,12 @@ class Wait:
 
 def parse_job_tags(comment: str) -> dict[str, str]:
     """Tags from a job comment: `aigc:type=train,reclaim=no` and the hook's `aigc_class=X`."""
-    tags: dict[str, str] = {}
-    for group in _TAG_RE.findall(comment or ""):
-        for pair in _PAIR_SPLIT_RE.split(group):
-            key, sep, value = pair.partition("=")
-            if sep and key.strip() and value.strip():
-                tags.setdefault(key.strip().lower(), value.strip())
-    match = _CLASS_RE.search(comment or "")
-    if match:
-        tags.setdefault("class", match.group(1))
-    return tags
+    return comment_tags(comment)
 
 
 def job_class_of(comment: str, default: str) -> str:
     """The AIGC class the hook recorded (`aigc_class=X`), else the user's `aigc:type=X` tag."""
-    hook = _CLASS_RE.search(comment or "")
-    if hook:
-        return hook.group(1)
-    tags = parse_job_tags(comment)
-    return tags.get("type") or tags.get("class") or default
+    return job_class(comment, default=default)
 
 
 def opted_out(comment: str) -> bool:

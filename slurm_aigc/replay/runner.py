@@ -25,14 +25,14 @@ import yaml
 from sqlalchemy import func, select
 
 from slurm_aigc.db import ActionRecord, GpuSample, open_database
-from slurm_aigc.localcluster.config import PASS_THROUGH_HOOK, TEST_USERS
+from slurm_aigc.errors import AigcError, SlurmCommandError
+from slurm_aigc.localcluster.config import NOOP_HOOK_LUA, TEST_USERS
 from slurm_aigc.localcluster.manager import LocalCluster
-from slurm_aigc.replay.timescale import replay_policy
 from slurm_aigc.replay.metrics import END_STATES, JobOutcome, UsageSample
+from slurm_aigc.replay.timescale import replay_policy
 from slurm_aigc.replay.workload import Phase, Workload, WorkloadJob, format_profile, profile_seconds
 from slurm_aigc.report.sacct import JobRecord, SacctQuery, SacctReader, SkippedRow
 from slurm_aigc.report.tres import gpu_equivalents
-from slurm_aigc.errors import AigcError, SlurmCommandError
 from slurm_aigc.slurm import SlurmCli
 
 Progress = Callable[[str], None]
@@ -201,7 +201,7 @@ class ReplayRun:
             _run_cli(["policy", "install", "--policy", str(self.policy),
                       "--slurm-conf-dir", str(self.cluster.etc_dir)])
         else:
-            _install_lua_atomically(self.cluster.etc_dir / "job_submit.lua", PASS_THROUGH_HOOK)
+            _install_lua_atomically(self.cluster.etc_dir / "job_submit.lua", NOOP_HOOK_LUA)
         # reconfigure also drops features/weights a previous run's publisher set; the hook must
         # then not prefer model features Slurm no longer has (Slurm rejects such a --prefer).
         self.slurm.reconfigure()

@@ -10,7 +10,6 @@ silently. Long ranges are read window by window so that one sacct answer stays s
 from __future__ import annotations
 
 import logging
-import re
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -19,6 +18,7 @@ from typing import Protocol
 
 from slurm_aigc.errors import AigcError, SlurmCommandError, SlurmParseError
 from slurm_aigc.report.tres import Tres, TresParseError, parse_tres
+from slurm_aigc.tags import job_class
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +36,6 @@ DELIMITER = "\x1f"
 UNKNOWN_CLASS = "unknown"
 REQUEUE_STATES = frozenset({"REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"})
 _TIME_NONE = frozenset({"", "Unknown", "None", "N/A"})
-_CLASS_RES = (
-    re.compile(r"(?:^|[\s;,|])aigc_class=([A-Za-z0-9_.-]+)"),
-    re.compile(r"(?:^|[\s;,|])aigc:type=([A-Za-z0-9_.-]+)"),
-)
 
 
 class SacctRunner(Protocol):
@@ -127,12 +123,7 @@ class SacctQuery:
 
 def aigc_class_of(*comments: str) -> str:
     """The class the hook recorded (`aigc_class=C`), else a user's `aigc:type=C`, else unknown."""
-    for pattern in _CLASS_RES:
-        for comment in comments:
-            match = pattern.search(comment)
-            if match:
-                return match.group(1)
-    return UNKNOWN_CLASS
+    return job_class(*comments, default=UNKNOWN_CLASS)
 
 
 def sacct_args(start: datetime, end: datetime, query: SacctQuery) -> list[str]:

@@ -31,9 +31,8 @@ from slurm_aigc.slurm import (
     JobInfo,
     NodeInfo,
     SlurmCli,
-    node_from_fields,
-    parse_key_values,
 )
+from slurm_aigc.tags import comment_tags
 from slurm_aigc.telemetry import features as feat
 from slurm_aigc.telemetry.config import ScoringConfig
 from slurm_aigc.telemetry.gres import (
@@ -55,9 +54,6 @@ LOG = logging.getLogger(__name__)
 # Islands of a node as GPU index lists, when something better than the features is known.
 IslandSource = Callable[[str], "Sequence[Sequence[int]] | None"]
 
-_TAG_RE = re.compile(r"aigc:(\S+)")
-_CLASS_RE = re.compile(r"\baigc_class=([A-Za-z0-9_.\-]+)")
-_PAIR_SPLIT_RE = re.compile(r"[,;|]")
 _NVLINK_SIZE_RE = re.compile(r"^nvlink(\d+)$")
 _RUNNING_STATES = frozenset({"RUNNING"})
 
@@ -66,21 +62,8 @@ _RUNNING_STATES = frozenset({"RUNNING"})
 
 
 def parse_comment_tags(comment: str) -> dict[str, str]:
-    """`... aigc:type=infer,model=llama3-8b ...` -> {'type': 'infer', 'model': 'llama3-8b'}.
-
-    Only `key=value` pairs inside an `aigc:` tag count (plus a separate `aigc_class=X`,
-    read as `class`); everything else in the comment, however malformed, is ignored.
-    """
-    tags: dict[str, str] = {}
-    for match in _TAG_RE.finditer(comment or ""):
-        for pair in _PAIR_SPLIT_RE.split(match.group(1)):
-            key, sep, value = pair.partition("=")
-            if sep and key.strip() and value.strip():
-                tags.setdefault(key.strip().lower(), value.strip())
-    class_match = _CLASS_RE.search(comment or "")
-    if class_match:
-        tags.setdefault("class", class_match.group(1))
-    return tags
+    """`... aigc:type=infer,model=llama3-8b ...` -> {'type': 'infer', 'model': 'llama3-8b'} (slurm_aigc.tags)."""
+    return comment_tags(comment)
 
 
 def served_model(job: JobInfo, serving_classes: Iterable[str]) -> str | None:
@@ -272,12 +255,6 @@ def write_lines_atomically(path: Path, lines: Sequence[str]) -> None:
     os.replace(temp, path)
 
 
-def detailed_nodes(slurm: SlurmCli) -> list[NodeInfo]:
-    """`scontrol -d show node -o`: `SlurmCli.nodes()` plus `GresUsed`, which only `-d` prints."""
-    text = slurm.run("scontrol", ["-d", "show", "node", "-o"]).stdout
-    return [node_from_fields(parse_key_values(line)) for line in text.splitlines() if line.startswith("NodeName=")]
-
-
 class Publisher:
     """Runs `plan_cycle` against Slurm and the database; `tick()` is one cycle."""
 
@@ -326,7 +303,7 @@ class Publisher:
         if self._last_weights is None:
             self._last_weights = {} if self._dry_run else self._store.last_published_weights()
         now = self._clock()
-        nodes = [self._overlay(node) for node in detailed_nodes(self._slurm)]
+        nodes = [self._overlay(node) for node in self._slurm.nodes()]
         jobs = self._slurm.jobs()
         utils = self._store.mean_util_by_node(now - self.config.window_s)
         self._remember_islands(nodes)

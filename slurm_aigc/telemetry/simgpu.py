@@ -119,7 +119,7 @@ def write_inventory(
     node_dir = Path(simgpu_dir) / node
     procs = node_dir / "procs"
     procs.mkdir(parents=True, exist_ok=True)
-    os.chmod(procs, 0o1777)
+    os.chmod(procs, 0o1777)  # noqa: S103 - sticky and world-writable like /tmp: jobs of every user write here
     document = {
         "node": node,
         "driver_version": driver_version,

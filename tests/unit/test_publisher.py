@@ -247,10 +247,13 @@ def test_features_the_agent_wrote_meanwhile_survive_the_write(store: TelemetrySt
     fake = FakeNode("a100-01", features=["a100"])
     slurm = FakeSlurm([fake], [FakeJob("3", "a100-01", comment="aigc:model=whisper")])
     original = slurm.__call__
+    node_reads: list[str] = []
 
     def runner(argv, timeout_s, stdin=None):  # type: ignore[no-untyped-def]
-        if list(argv)[:4] == ["scontrol", "show", "node", "-o"]:  # the re-read right before the write
-            fake.features = ["a100", "nvlink8", "vram80g"]
+        if list(argv)[:5] == ["scontrol", "-d", "show", "node", "-o"]:
+            node_reads.append(argv[-1])
+            if len(node_reads) == 2:  # the re-read right before the write, after planning
+                fake.features = ["a100", "nvlink8", "vram80g"]
         return original(argv, timeout_s, stdin)
 
     Publisher(SlurmCli(runner=runner), store, ScoringConfig()).tick()

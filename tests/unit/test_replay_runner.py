@@ -12,11 +12,11 @@ from slurm_aigc.report.sacct import DELIMITER, FIELDS, JobRecord, parse_sacct_ou
 
 
 def job(**overrides: object) -> WorkloadJob:
-    values: dict[str, object] = dict(
-        name="j1", submit_offset_s=0.0, job_class="infer", gpus=4, vram_gib_per_gpu=20.0, duration_s=40.0,
-        time_limit_s=90, profile=(Phase("loading", 10), Phase("busy", 30)), tags="aigc:type=infer,vram=20G",
-        mem_used_gib_per_gpu=12.0, util_pct=60.0,
-    )
+    values: dict[str, object] = {
+        "name": "j1", "submit_offset_s": 0.0, "job_class": "infer", "gpus": 4, "vram_gib_per_gpu": 20.0, "duration_s": 40.0,
+        "time_limit_s": 90, "profile": (Phase("loading", 10), Phase("busy", 30)), "tags": "aigc:type=infer,vram=20G",
+        "mem_used_gib_per_gpu": 12.0, "util_pct": 60.0,
+    }
     values.update(overrides)
     return WorkloadJob(**values)  # type: ignore[arg-type]
 
