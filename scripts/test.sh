@@ -7,5 +7,8 @@ start=$(date +%s)
 bash scripts/setup-venv.sh
 .venv/bin/slurm-aigc cluster up
 echo "[test] setup and bring-up took $(( $(date +%s) - start )) s" >&2
+echo "[test] ruff and mypy --strict" >&2
+.venv/bin/ruff check slurm_aigc tests benchmarks
+.venv/bin/mypy slurm_aigc
 .venv/bin/python -m pytest -p no:cacheprovider -q -rs --durations=15 "$@"
 echo "[test] total $(( $(date +%s) - start )) s" >&2
