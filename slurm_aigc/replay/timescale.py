@@ -34,6 +34,8 @@ def replay_policy(policy: dict[str, Any], compression: float, poll_interval_s: f
     result["scoring"] = scoring
     scoring["interval_s"] = max(poll_interval_s, _scale(scoring.get("interval_s", 30), compression))
     scoring["window_s"] = max(5 * poll_interval_s, _scale(scoring.get("window_s", 300), compression))
+    # model_unlist_grace_s stays: it must outlast the hook's refresh_seconds, which is not scaled.
+    scoring["model_linger_s"] = _scale(scoring.get("model_linger_s", 300), compression)
     agent = result.setdefault("agent", {}) or {}
     result["agent"] = agent
     agent["interval_s"] = poll_interval_s

@@ -46,6 +46,8 @@ scoring:
   # model_<id> features on some node, one per line, for the job_submit hook's --prefer
   # (must be the hook's rewrites.model_prefer.published_features_file); null: do not write
   published_features_file: /var/lib/slurm-aigc/published-features.txt
+  model_linger_s: 300        # a model stays a node feature this long after its last job (warm cache)
+  model_unlist_grace_s: 30   # unlisted this long before removal: > the hook's refresh_seconds
   policies:                  # plugin name: weight (scores are weighted and averaged)
     cool_first: 1
     pack_keep_islands: 1
@@ -77,6 +79,8 @@ class ScoringConfig:
     publish_models: bool = True
     serving_classes: tuple[str, ...] = ("infer", "serve")
     published_features_file: str | None = None  # the YAML's default is DEFAULT_PUBLISHED_FEATURES_FILE
+    model_linger_s: float = 300.0
+    model_unlist_grace_s: float = 30.0
     policies: Mapping[str, float] | None = None
 
     def policy_weights(self) -> Mapping[str, float]:
@@ -108,7 +112,8 @@ def parse_agent_section(node: Node) -> AgentConfig:
 def parse_scoring_section(node: Node) -> ScoringConfig:
     """Read `scoring:`; plugin names must be registered in `scoring.SCORERS`."""
     allowed = {"interval_s", "window_s", "weight_min", "weight_max", "hysteresis", "publish_nvfree",
-               "publish_models", "serving_classes", "policies", "published_features_file"}
+               "publish_models", "serving_classes", "policies", "published_features_file",
+               "model_linger_s", "model_unlist_grace_s"}
     mapping(node, allowed)
     node = _as_mapping(node)
     default = ScoringConfig()
@@ -131,7 +136,16 @@ def parse_scoring_section(node: Node) -> ScoringConfig:
         serving_classes=serving,
         published_features_file=_published_file(node, DEFAULT_PUBLISHED_FEATURES_FILE),
         policies=_policies(node) if node.value.get("policies") is not None else None,
+        model_linger_s=_non_negative(node, "model_linger_s", default.model_linger_s),
+        model_unlist_grace_s=_non_negative(node, "model_unlist_grace_s", default.model_unlist_grace_s),
     )
+
+
+def _non_negative(node: Node, key: str, default: float) -> float:
+    value = get(node, key, float, default)
+    if value < 0:
+        raise node.child(key).error(f"expected a number >= 0, got {value}")
+    return value
 
 
 def _policies(node: Node) -> Mapping[str, float]:

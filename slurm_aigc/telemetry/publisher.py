@@ -213,9 +213,15 @@ def plan_cycle(
     last_weights: Mapping[str, int],
     config: ScoringConfig,
     islands_of: IslandSource | None = None,
+    lingering: Mapping[str, frozenset[str]] | None = None,
 ) -> list[NodePlan]:
-    """The pure core of one publisher cycle: every GPU node's plan, unchanged nodes left out."""
-    models = models_by_node(jobs, config.serving_classes)
+    """The pure core of one publisher cycle: every GPU node's plan, unchanged nodes left out.
+
+    `lingering`: model features to keep per node although no running job serves them now.
+    """
+    models = dict(lingering or {})
+    for node_name, served in models_by_node(jobs, config.serving_classes).items():
+        models[node_name] = models.get(node_name, frozenset()) | served
     plans = []
     for node in nodes:
         islands = islands_of(node.name) if islands_of else None
@@ -226,6 +232,43 @@ def plan_cycle(
         if plan is not None:
             plans.append(plan)
     return plans
+
+
+# --------------------------------------------------------------------------- model lingering
+
+
+ModelSightings = dict[tuple[str, str], float]
+
+
+def record_sightings(sightings: ModelSightings, served: Mapping[str, frozenset[str]], nodes: Sequence[NodeInfo],
+                     now: float, linger_s: float) -> ModelSightings:
+    """Last time each (node, model feature) was served; features found on nodes without a
+    record (a publisher restart) count as last served one linger ago, so they are unlisted
+    now and removed only after the unlist grace."""
+    updated = dict(sightings)
+    for node in nodes:
+        for feature in node.available_features:
+            if feature.startswith("model_"):
+                updated.setdefault((node.name, feature), now - linger_s)
+    for node_name, features in served.items():
+        for feature in features:
+            updated[(node_name, feature)] = now
+    return updated
+
+
+def lingering_models(sightings: ModelSightings, now: float, keep_s: float) -> dict[str, frozenset[str]]:
+    """Per node, the model features last served less than `keep_s` ago."""
+    kept: dict[str, set[str]] = {}
+    for (node_name, feature), seen in sightings.items():
+        if now - seen < keep_s:
+            kept.setdefault(node_name, set()).add(feature)
+    return {node_name: frozenset(features) for node_name, features in kept.items()}
+
+
+def listable_models(sightings: ModelSightings, now: float, linger_s: float) -> frozenset[str]:
+    """Models the hook may --prefer: served within the linger (removal comes a grace later,
+    after the hook has re-read the list, since Slurm rejects a --prefer nobody has)."""
+    return frozenset(feature for (_, feature), seen in sightings.items() if now - seen < linger_s)
 
 
 # --------------------------------------------------------------------------- the daemon part
@@ -285,6 +328,7 @@ class Publisher:
         # over Slurm's view so that each would-be change is logged once.
         self._simulated: dict[str, tuple[tuple[str, ...] | None, int | None]] = {}
         self._listed: dict[str, frozenset[str]] = {}
+        self._sightings: ModelSightings = {}
 
     def set_config(self, config: ScoringConfig) -> None:
         """Use a new (already validated) scoring config from the next cycle on (SIGHUP)."""
@@ -307,10 +351,16 @@ class Publisher:
         jobs = self._slurm.jobs()
         utils = self._store.mean_util_by_node(now - self.config.window_s)
         self._remember_islands(nodes)
-        plans = plan_cycle(nodes, jobs, utils, self._last_weights, self.config, self._islands)
+        linger, grace = self.config.model_linger_s, self.config.model_unlist_grace_s
+        served = models_by_node(jobs, self.config.serving_classes)
+        self._sightings = record_sightings(self._sightings, served, nodes, now, linger)
+        keep = lingering_models(self._sightings, now, linger + grace)
+        self._sightings = {key: seen for key, seen in self._sightings.items() if now - seen < linger + grace}
+        listable = listable_models(self._sightings, now, linger)
+        plans = plan_cycle(nodes, jobs, utils, self._last_weights, self.config, self._islands, keep)
         # The hook may --prefer only features some node has (else Slurm rejects the job):
-        # unlist a vanishing model before Slurm loses it, list a new one once Slurm has it.
-        self._list_models(model_features(nodes, plans, keep_only_unchanged=True))
+        # unlist a vanishing model a grace before Slurm loses it, list a new one once Slurm has it.
+        self._list_models(model_features(nodes, plans, keep_only_unchanged=True) & listable)
         applied, failures = [], []
         for plan in plans:
             try:
@@ -321,7 +371,7 @@ class Publisher:
                 continue
             if done is not None:
                 applied.append(done)
-        self._list_models(model_features(nodes, applied, keep_only_unchanged=False))
+        self._list_models(model_features(nodes, applied, keep_only_unchanged=False) & listable)
         if failures:
             raise failures[0]  # the loop logs it and backs off; the other nodes were written
         return applied

@@ -277,16 +277,25 @@ def test_a_slurm_outage_fails_the_tick_for_the_loop_to_back_off(store: Telemetry
         Publisher(SlurmCli(runner=slurm), store, ScoringConfig()).tick()
 
 
-def test_models_listed_for_the_hook_only_while_slurm_has_them(store: TelemetryStore, tmp_path: Path) -> None:
+def test_model_lingers_then_is_unlisted_a_grace_before_slurm_loses_it(store: TelemetryStore, tmp_path: Path) -> None:
     listing = tmp_path / "published-features.txt"
     job = FakeJob("5", "a100-01", comment="aigc:type=infer,model=sdxl aigc_class=infer")
     slurm = FakeSlurm([FakeNode("a100-01", features=["a100"])], [job])
-    config = ScoringConfig(published_features_file=str(listing))
-    publisher = Publisher(SlurmCli(runner=slurm), store, config)
+    config = ScoringConfig(published_features_file=str(listing), model_linger_s=100, model_unlist_grace_s=30)
+    now = [1000.0]
+    publisher = Publisher(SlurmCli(runner=slurm), store, config, clock=lambda: now[0])
     publisher.tick()
     assert listing.read_text() == "model_sdxl\n" and "model_sdxl" in slurm.nodes["a100-01"].features
 
     job.state = "COMPLETED"
+    now[0] += 99  # within the linger: still a feature, still listed (its cache is warm there)
+    publisher.tick()
+    assert listing.read_text() == "model_sdxl\n" and "model_sdxl" in slurm.nodes["a100-01"].features
+
+    now[0] += 2  # past the linger: unlisted first, the feature stays while hooks re-read the list
+    publisher.tick()
+    assert listing.read_text() == "" and "model_sdxl" in slurm.nodes["a100-01"].features
+
     seen_while_removing: list[str] = []
     original = slurm._update
 
@@ -295,14 +304,28 @@ def test_models_listed_for_the_hook_only_while_slurm_has_them(store: TelemetrySt
         return original(args, pairs)
 
     slurm._update = update  # type: ignore[method-assign]
+    now[0] += 30  # past linger + grace: removed, never listed while Slurm drops it
     publisher.tick()
-    assert seen_while_removing == [""] and listing.read_text() == ""
+    assert seen_while_removing and set(seen_while_removing) == {""}
     assert "model_sdxl" not in slurm.nodes["a100-01"].features
 
     dry = tmp_path / "dry.txt"
     job.state = "RUNNING"
     Publisher(SlurmCli(runner=slurm), store, ScoringConfig(published_features_file=str(dry)), dry_run=True).tick()
     assert not dry.exists()
+
+
+def test_restarted_publisher_unlists_unserved_models_before_removing_them(store: TelemetryStore, tmp_path: Path) -> None:
+    listing = tmp_path / "published-features.txt"
+    slurm = FakeSlurm([FakeNode("a100-01", features=["a100", "model_old"])])
+    config = ScoringConfig(published_features_file=str(listing), model_linger_s=100, model_unlist_grace_s=30)
+    now = [1000.0]
+    publisher = Publisher(SlurmCli(runner=slurm), store, config, clock=lambda: now[0])
+    publisher.tick()
+    assert "model_old" in slurm.nodes["a100-01"].features and "model_old" not in listing.read_text()
+    now[0] += 31
+    publisher.tick()
+    assert "model_old" not in slurm.nodes["a100-01"].features
 
 
 def test_tick_when_due_honours_the_scoring_interval(store: TelemetryStore) -> None:
