@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import yaml
+
 from slurm_aigc.errors import ConfigError
 
 # One reader of the config file for every section (move to validation.py when the lead can).
@@ -86,6 +88,8 @@ class ReclaimConfig:
     exempt: Exemptions = Exemptions()
     defaults: ClassPolicy = ClassPolicy()
     classes: Mapping[str, ClassPolicy] = field(default_factory=dict)
+    # From the policy's `inventory` (not a reclaim key): turns shards into GPU-hours recovered.
+    shards_per_gpu: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def gap_s(self) -> float:
@@ -151,7 +155,17 @@ def load_reclaim_config(path: str | Path | None = None) -> ReclaimConfig:
     that does not exist is an error.
     """
     chosen, required = config_path(None if path is None else str(path))
-    return parse_reclaim_section(load_section(chosen, "reclaim", required))
+    config = parse_reclaim_section(load_section(chosen, "reclaim", required))
+    return replace(config, shards_per_gpu=_inventory_shards(chosen))
+
+
+def _inventory_shards(path: Path | str) -> dict[str, int]:
+    """Shards per GPU per type from the same file's `inventory` (validated by the policy loader)."""
+    if not Path(path).is_file() or "inventory" not in (yaml.safe_load(Path(path).read_text()) or {}):
+        return {}  # a file holding only reclaim settings: shards then count as no GPU-hours
+    from slurm_aigc.policy.loader import load_policy
+
+    return {gpu.name: gpu.shards_per_gpu for gpu in load_policy(path).inventory.gpu_types}
 
 
 def _as_mapping(node: Node) -> Node:

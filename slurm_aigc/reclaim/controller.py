@@ -156,7 +156,7 @@ class Controller:
     def assess(self) -> Assessment:
         """Judge every running GPU job over its full window, with evidence (`idle list`)."""
         now, jobs, newest = self._snapshot()
-        facts = {j.job_id: job_facts(j, now) for j in jobs}
+        facts = {j.job_id: job_facts(j, now, self._shards_by_node(jobs)) for j in jobs}
         rows = self._store.samples(facts, now - self.config.lookback_s()) if jobs else []
         shared = {r.job_id for r in rows if r.shared}
         metas = {j.job_id: job_meta(j, facts[j.job_id], now, j.job_id in shared) for j in jobs}
@@ -183,6 +183,13 @@ class Controller:
             errors.append(error)
             return None
 
+    def _shards_by_node(self, jobs: Sequence[JobInfo]) -> dict[str, int]:
+        """Shards per GPU of each node's GPU type (policy inventory), read only when a job holds shards."""
+        if not self.config.shards_per_gpu or not any(uses_shards(j) for j in jobs):
+            return {}
+        return {node.name: per_gpu for node in self._slurm.nodes()
+                if (per_gpu := self.config.shards_per_gpu.get(_gpu_type_of(node.gres), 0))}
+
     def _snapshot(self) -> tuple[float, list[JobInfo], float | None]:
         now = self._clock()
         jobs = [j for j in self._slurm.jobs() if j.state == "RUNNING" and is_gpu_job(j)
@@ -203,7 +210,7 @@ class Controller:
     def _incremental(self) -> Assessment:
         """Judge every running GPU job, reading only samples newer than the last tick's."""
         now, jobs, newest = self._snapshot()
-        facts = {j.job_id: job_facts(j, now) for j in jobs}
+        facts = {j.job_id: job_facts(j, now, self._shards_by_node(jobs)) for j in jobs}
         metas = {j.job_id: job_meta(j, facts[j.job_id], now, j.job_id in self._shared_jobs) for j in jobs}
         self._tracker.prune(metas, now - self.config.lookback_s())
         known = self._tracker.jobs()
@@ -270,3 +277,12 @@ def summary(views: Sequence[JobView]) -> Mapping[str, int]:
         key = view.verdict.kind or "ok"
         counts[key] = counts.get(key, 0) + 1
     return counts
+
+
+def _gpu_type_of(gres: str) -> str:
+    """`gpu:a100:8(S:0),shard:a100:640` -> `a100` ('' for untyped or no GPUs)."""
+    for item in gres.split(","):
+        parts = item.split("(")[0].split(":")
+        if parts[0] == "gpu" and len(parts) == 3:
+            return parts[1]
+    return ""

@@ -7,7 +7,10 @@ both are read. `AllocTRES=...,gres/gpu=4,...` is the count of a running job.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from datetime import datetime
+
+from ClusterShell.NodeSet import NodeSet
 
 from slurm_aigc.reclaim.config import UNCLASSIFIED
 from slurm_aigc.reclaim.ladder import JobFacts, job_class_of, opted_out
@@ -98,7 +101,16 @@ def remaining_s(job: JobInfo, now_ts: float) -> float | None:
     return max(0.0, started + job.time_limit_s - now_ts)
 
 
-def job_facts(job: JobInfo, now_ts: float) -> JobFacts:
+def shard_gpus(job: JobInfo, shards_per_gpu_by_node: Mapping[str, int]) -> float:
+    """The job's shards as GPU fractions (`gres/shard=20` on an 80-shard a100 node -> 0.25)."""
+    match = _ALLOC_SHARD_RE.search(job.alloc_tres)
+    if not match or not job.node_list:
+        return 0.0
+    per_gpu = shards_per_gpu_by_node.get(str(next(iter(NodeSet(job.node_list)))))
+    return int(match.group(1)) / per_gpu if per_gpu else 0.0
+
+
+def job_facts(job: JobInfo, now_ts: float, shards_per_gpu_by_node: Mapping[str, int] | None = None) -> JobFacts:
     """Planning's view of a running job."""
     gpus = gpu_count(job)
     return JobFacts(
@@ -115,6 +127,7 @@ def job_facts(job: JobInfo, now_ts: float) -> JobFacts:
         opt_out=opted_out(job.comment),
         remaining_s=remaining_s(job, now_ts),
         shrinkable=bool(shrink_updates(job, 1)),
+        shard_gpus=shard_gpus(job, shards_per_gpu_by_node or {}),
     )
 
 

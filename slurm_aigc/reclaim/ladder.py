@@ -40,6 +40,7 @@ class JobFacts:
     opt_out: bool = False
     remaining_s: float | None = None
     shrinkable: bool = True  # its GPU request is one we can rewrite (see jobs.shrink_updates)
+    shard_gpus: float = 0.0  # its shards as GPU fractions (shards / shards per GPU of its node's type)
 
 
 @dataclass(frozen=True)
@@ -186,7 +187,8 @@ def _cooldown_end(facts: JobFacts, mine: Iterable[PastAction], config: ReclaimCo
 def _planned(verdict: Verdict, facts: JobFacts, index: int, action: str, dry: bool, config: ReclaimConfig) -> PlannedAction:
     assert verdict.kind is not None
     gpus_after = {"shrink": verdict.gpus_used or facts.gpus, "requeue": 0, "cancel": 0}.get(action, facts.gpus)
-    freed = facts.gpus - gpus_after
+    # Requeue/cancel free the shards too; a shrink frees whole GPUs only.
+    freed = facts.gpus - gpus_after + (facts.shard_gpus if action in {"requeue", "cancel"} else 0.0)
     recovered = freed * facts.remaining_s / 3600.0 if freed and facts.remaining_s is not None else None
     return PlannedAction(
         observation_key=observation_key(facts.job_id, facts.restarts, verdict.kind, index, action, dry),

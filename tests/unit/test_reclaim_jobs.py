@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from slurm_aigc.reclaim.fakes import FakeJob
-from slurm_aigc.reclaim.jobs import gpu_count, is_held, job_facts, requested_gpus, shrink_updates, uses_shards
+from slurm_aigc.reclaim.jobs import gpu_count, is_held, job_facts, requested_gpus, shard_gpus, shrink_updates, uses_shards
 from slurm_aigc.slurm import JobInfo, job_from_fields, parse_key_values
 
 
@@ -53,3 +53,11 @@ def test_held_after_requeuehold_on_22_05() -> None:
 def test_facts_read_class_opt_out_and_requeue() -> None:
     facts = job_facts(job(Comment="aigc:type=infer,reclaim=no aigc_class=infer", Requeue="0"), 0.0)
     assert (facts.job_class, facts.opt_out, facts.requeue_allowed, facts.gpus, facts.shrinkable) == ("infer", True, False, 4, True)
+
+
+def test_shards_count_as_gpu_fractions_of_their_node_type() -> None:
+    shard = job(AllocTRES="cpu=1,gres/shard=20", TresPerNode="gres:shard:20", NodeList="a100-01")
+    assert shard_gpus(shard, {"a100-01": 80, "t4-01": 16}) == 0.25
+    assert shard_gpus(shard, {}) == 0.0  # unknown node type: no guess
+    assert shard_gpus(job(), {"a100-01": 80}) == 0.0
+    assert job_facts(shard, 0.0, {"a100-01": 80}).shard_gpus == 0.25

@@ -153,3 +153,13 @@ def test_tags_and_class_from_comment() -> None:
     assert job_class_of("aigc:type=infer", "unclassified") == "infer"
     assert job_class_of("", "unclassified") == "unclassified"
     assert opted_out(comment) and not opted_out("aigc:type=infer")
+
+
+def test_requeue_of_a_shard_job_recovers_its_gpu_fraction() -> None:
+    shard_job = replace(FACTS, gpus=0, shard_gpus=0.25, remaining_s=3600.0)
+    past = ()
+    first = plan_job(verdict("idle"), shard_job, past, CONFIG, NOW)
+    assert isinstance(first, PlannedAction) and first.action == "notify" and first.gpu_hours_recovered is None
+    second = plan_job(verdict("idle"), shard_job, (done(first, NOW),), CONFIG, NOW + 61)
+    assert isinstance(second, PlannedAction) and second.action == "requeue"
+    assert second.gpu_hours_recovered == 0.25
