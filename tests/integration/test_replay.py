@@ -1,0 +1,41 @@
+"""A short replay runs both ways on the real local cluster and produces every comparison figure."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from slurm_aigc.localcluster.shape import shape_to_text
+from tests.conftest import SLURM_AIGC_BIN, ClusterHandle
+
+pytestmark = pytest.mark.cluster
+
+FIGURES = ("makespan_s", "allocation_ratio", "effective_utilization", "mean_wait_s", "p95_wait_s", "waits",
+           "jobs_per_hour", "gpu_hours_reclaimed", "jobs_harmed", "jobs_lost")
+
+
+def test_short_replay_compare_completes_both_runs_with_every_figure(cluster: ClusterHandle, tmp_path: Path) -> None:
+    shape = shape_to_text(cluster.local.shape())
+    argv = [SLURM_AIGC_BIN, "replay", "compare", "--trace", "mix", "--minutes", "0.5", "--max-jobs", "8",
+            "--set", "max_duration_s=30", "--set", "min_duration_s=15", "--shape", shape,
+            "--out-dir", str(tmp_path), "--timeout", "420", "--json"]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=1000, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    document = json.loads(result.stdout.strip().splitlines()[-1])
+    workload_jobs = document["jobs"]
+    assert 1 <= workload_jobs <= 8
+    for mode in ("stock", "aigc"):
+        run = document[mode]
+        assert all(figure in run for figure in FIGURES), sorted(run)
+        assert run["jobs"] == workload_jobs
+        assert run["jobs_lost"] == 0, f"{mode}: {run}"
+        assert run["makespan_s"] > 0 and 0 < run["allocation_ratio"] <= 1
+        assert run["effective_utilization"] > 0  # a shard job may use more of a GPU than its share
+        assert run["capacity_gpus"] == cluster.local.shape().total_gpus
+    assert set(document["ratios"]) >= {"effective_utilization", "mean_wait", "makespan"}
+    assert Path(document["plot"]).stat().st_size > 10_000
+    assert (tmp_path / "workload.csv").read_text().count("\n") >= workload_jobs
+    assert (tmp_path / "aigc-policy.yaml").exists() and (tmp_path / "stock-logs").is_dir()
