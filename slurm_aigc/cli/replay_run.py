@@ -84,6 +84,9 @@ def _workload(workload_path: Path | None, generator: dict[str, Any], cluster: Lo
         return read_workload(workload_path)
     if generator.get("capacity_gpus") is None:
         generator["capacity_gpus"] = cluster.shape().total_gpus
+    if generator.get("max_jobs") is None:
+        # The generator's default cap (150) suits the 24-GPU cluster; keep the same jobs per GPU on bigger shapes.
+        generator["max_jobs"] = max(150, 3 * generator["capacity_gpus"])
     if generator.get("trace") is None:
         generator["trace"] = "mix"
     workload, _ = workload_from_traces(GeneratorChoice(**generator))

@@ -341,7 +341,7 @@ def _install_lua_atomically(path: Path, text: str) -> None:
     temporary.replace(path)
 
 
-def ensure_shape(cluster: LocalCluster, shape_text: str | None, progress: Progress) -> None:
+def ensure_shape(cluster: LocalCluster, shape_text: str | None, progress: Progress, *, install: bool = False) -> None:
     """Bring the cluster up in `shape_text` (restarting it when it runs another shape)."""
     from slurm_aigc.localcluster.shape import parse_shape, shape_to_text
 
@@ -350,7 +350,7 @@ def ensure_shape(cluster: LocalCluster, shape_text: str | None, progress: Progre
         if current != shape_to_text(parse_shape(shape_text)):
             progress(f"cluster runs {current}; restarting it as {shape_text}")
             cluster.down()
-    cluster.up(shape_text, install=False)
+    cluster.up(shape_text, install=install)
 
 
 def run_modes(workload: Workload, modes: Sequence[str], policy: Path, out_dir: Path, cluster: LocalCluster,
