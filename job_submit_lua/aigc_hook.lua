@@ -442,8 +442,12 @@ local function rule_nvlink(view)
 end
 
 -- Slurm rejects a job whose --prefer names a feature no node has ("Invalid preferred feature
--- specification"), so a model feature is preferred only while the publisher lists it in
--- `published_features_file` (one feature per line), re-read at most every `refresh_seconds`.
+-- specification"), and one whose --prefer no node satisfies together with its other features
+-- ("Requested node configuration is not available", measured on 22.05: `a100&model_X` while
+-- only a t4 served X). So a model feature is preferred only while the publisher lists it in
+-- `published_features_file`, one line per node: the model feature, then that node's other
+-- features (a line of the feature alone is trusted as before); re-read at most every
+-- `refresh_seconds`.
 local published, published_read_at = nil, nil
 
 local function published_features(cfg)
@@ -455,12 +459,44 @@ local function published_features(cfg)
     local handle = io.open(cfg.published_features_file, "r")
     if handle then
         for line in handle:lines() do
-            local word = match(line, "^%s*([%w_%.%-]+)%s*$")
-            if word then published[word] = true end
+            local word, rest = match(line, "^%s*([%w_%.%-]+)(.*)$")
+            if word then
+                local set = { ANY = not match(rest, "%S") }
+                for other in string.gmatch(rest, "[%w_%.%-]+") do set[other] = true end
+                local sets = published[word] or {}
+                sets[#sets + 1] = set
+                published[word] = sets
+            end
         end
         handle:close()
     end
     return published
+end
+
+-- Does one listed node (a feature set) satisfy `expr`: words joined by & of alternatives
+-- (`a`, `a|b`, `(a|b)`)? Anything more complex reads as "cannot tell": no --prefer.
+local function node_satisfies(expr, set)
+    if set.ANY then return true end
+    for term in string.gmatch(expr, "[^&]+") do
+        local ok = false
+        for alternative in string.gmatch(string.gsub(term, "[()]", ""), "[^|]+") do
+            if set[alternative] then ok = true; break end
+        end
+        if not ok then return false end
+    end
+    return true
+end
+
+local function some_node_satisfies(expr, sets)
+    if expr == nil or expr == "" then return true end
+    if not match(expr, "^[%w_%.%-&|()]+$") or (find(expr, "|", 1, true) and find(expr, "&", 1, true)
+            and not find(expr, "(", 1, true)) then
+        return false
+    end
+    for _, set in ipairs(sets) do
+        if node_satisfies(expr, set) then return true end
+    end
+    return false
 end
 
 local function rule_model_prefer(view)
@@ -483,6 +519,10 @@ local function rule_model_prefer(view)
         if prefer ~= nil and prefer ~= "" and not simple_features(prefer) and not match(prefer, "^[%w_%.%-&|()]+$") then
             return
         end
+    end
+    if known and not some_node_satisfies(prefer, known[feature]) then
+        if DEBUG then slurm.log_debug("aigc: no node with %s also has %s; no --prefer", feature, prefer or "") end
+        return
     end
     if prefer == nil or prefer == "" then
         prefer = feature

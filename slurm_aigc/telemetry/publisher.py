@@ -274,19 +274,26 @@ def listable_models(sightings: ModelSightings, now: float, linger_s: float) -> f
 # --------------------------------------------------------------------------- the daemon part
 
 
-def model_features(nodes: Sequence[NodeInfo], plans: Sequence[NodePlan], keep_only_unchanged: bool) -> frozenset[str]:
-    """`model_*` features on the nodes once `plans` are applied.
+def published_lines(nodes: Sequence[NodeInfo], plans: Sequence[NodePlan], keep_only_unchanged: bool,
+                    listable: frozenset[str] | None = None) -> frozenset[str]:
+    """One line per (model feature, node) for the hook: the model, then the node's other features.
 
-    With `keep_only_unchanged`, only those present both before and after (safe to list
-    while the writes are under way).
+    The hook adds `--prefer A&model_X` only when a listed node has model_X with A, since Slurm
+    refuses a job whose preference no node satisfies. With `keep_only_unchanged`, only
+    features present both before and after the plans (safe to list while writes are under
+    way). `nvfree*` features change every cycle and are left out of the lines.
     """
     after = {plan.node: plan.features_after for plan in plans if plan.features_after is not None}
-    found: set[str] = set()
+    lines: set[str] = set()
     for node in nodes:
-        before = {f for f in node.available_features if f.startswith("model_")}
-        new = {f for f in after.get(node.name, node.available_features) if f.startswith("model_")}
-        found |= (before & new) if keep_only_unchanged else new
-    return frozenset(found)
+        before = set(node.available_features)
+        new = set(after.get(node.name, node.available_features))
+        present = (before & new) if keep_only_unchanged else new
+        others = sorted(f for f in present if not f.startswith(("model_", "nvfree")))
+        for model in sorted(f for f in present if f.startswith("model_")):
+            if listable is None or model in listable:
+                lines.add(" ".join([model, *others]))
+    return frozenset(lines)
 
 
 def write_lines_atomically(path: Path, lines: Sequence[str]) -> None:
@@ -360,7 +367,7 @@ class Publisher:
         plans = plan_cycle(nodes, jobs, utils, self._last_weights, self.config, self._islands, keep)
         # The hook may --prefer only features some node has (else Slurm rejects the job):
         # unlist a vanishing model a grace before Slurm loses it, list a new one once Slurm has it.
-        self._list_models(model_features(nodes, plans, keep_only_unchanged=True) & listable)
+        self._list_models(published_lines(nodes, plans, True, listable))
         applied, failures = [], []
         for plan in plans:
             try:
@@ -371,18 +378,18 @@ class Publisher:
                 continue
             if done is not None:
                 applied.append(done)
-        self._list_models(model_features(nodes, applied, keep_only_unchanged=False) & listable)
+        self._list_models(published_lines(nodes, applied, False, listable))
         if failures:
             raise failures[0]  # the loop logs it and backs off; the other nodes were written
         return applied
 
-    def _list_models(self, names: frozenset[str]) -> None:
-        """Write `published_features_file` (one feature per line) when its content changes."""
+    def _list_models(self, lines: frozenset[str]) -> None:
+        """Write `published_features_file` (see `published_lines`) when its content changes."""
         path = self.config.published_features_file
-        if self._dry_run or path is None or names == self._listed.get(path):
+        if self._dry_run or path is None or lines == self._listed.get(path):
             return
-        write_lines_atomically(Path(path), sorted(names))
-        self._listed[path] = names
+        write_lines_atomically(Path(path), sorted(lines))
+        self._listed[path] = lines
 
     def _remember_islands(self, nodes: Sequence[NodeInfo]) -> None:
         for node in nodes:

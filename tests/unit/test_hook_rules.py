@@ -124,6 +124,23 @@ def test_model_prefer_only_for_published_model_features(tmp_path: Path) -> None:
     assert published.changes["prefer"] == (None, "model_llama3-8b")
 
 
+def test_model_prefer_only_when_a_node_serving_the_model_also_meets_the_constraint(tmp_path: Path) -> None:
+    # Measured on 22.05: `--prefer a100&model_X` while only a t4 served X was refused at submit
+    # ("Requested node configuration is not available").
+    hook = runtime_for(tmp_path)
+    listing = tmp_path / "published-features.txt"
+    comment = "aigc:type=imagegen,model=sd-m0016,vram=10G,share=yes"  # 10 GiB shard: a100 only
+    listing.write_text("model_sd-m0016 t4 vram16g\n")
+    only_t4 = submit(hook, comment=comment, tres_per_node="gres:gpu:1")
+    assert only_t4.accepted and only_t4.changes["features"] == (None, "a100")
+    assert "prefer" not in only_t4.changes
+    listing.write_text("model_sd-m0016 t4 vram16g\nmodel_sd-m0016 a100 nvlink vram80g\n")
+    both = submit(hook, comment=comment, tres_per_node="gres:gpu:1")
+    assert both.changes["prefer"] == (None, "a100&model_sd-m0016")
+    listing.write_text("model_sd-m0016\n")  # a bare line (older publisher): trusted as before
+    assert submit(hook, comment=comment, tres_per_node="gres:gpu:1").changes["prefer"] == (None, "a100&model_sd-m0016")
+
+
 def test_model_prefer_repeats_the_constraint_it_must_not_escape(tmp_path: Path) -> None:
     # Slurm 22.05 tries --prefer in place of --constraint, so a bare model feature could
     # land a 20 GiB shard job on a t4 that serves the model.

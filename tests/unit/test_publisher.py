@@ -285,12 +285,12 @@ def test_model_lingers_then_is_unlisted_a_grace_before_slurm_loses_it(store: Tel
     now = [1000.0]
     publisher = Publisher(SlurmCli(runner=slurm), store, config, clock=lambda: now[0])
     publisher.tick()
-    assert listing.read_text() == "model_sdxl\n" and "model_sdxl" in slurm.nodes["a100-01"].features
+    assert listing.read_text() == "model_sdxl a100\n" and "model_sdxl" in slurm.nodes["a100-01"].features
 
     job.state = "COMPLETED"
     now[0] += 99  # within the linger: still a feature, still listed (its cache is warm there)
     publisher.tick()
-    assert listing.read_text() == "model_sdxl\n" and "model_sdxl" in slurm.nodes["a100-01"].features
+    assert listing.read_text() == "model_sdxl a100\n" and "model_sdxl" in slurm.nodes["a100-01"].features
 
     now[0] += 2  # past the linger: unlisted first, the feature stays while hooks re-read the list
     publisher.tick()
