@@ -28,6 +28,7 @@ from slurm_aigc.db import ActionRecord, GpuSample, open_database
 from slurm_aigc.errors import AigcError, SlurmCommandError
 from slurm_aigc.localcluster.config import NOOP_HOOK_LUA, TEST_USERS
 from slurm_aigc.localcluster.manager import LocalCluster
+from slurm_aigc.policy.install import install_hook
 from slurm_aigc.replay.metrics import END_STATES, JobOutcome, UsageSample
 from slurm_aigc.replay.timescale import replay_policy
 from slurm_aigc.replay.workload import Phase, Workload, WorkloadJob, format_profile, profile_seconds
@@ -201,7 +202,7 @@ class ReplayRun:
             _run_cli(["policy", "install", "--policy", str(self.policy),
                       "--slurm-conf-dir", str(self.cluster.etc_dir)])
         else:
-            _install_lua_atomically(self.cluster.etc_dir / "job_submit.lua", NOOP_HOOK_LUA)
+            install_hook(NOOP_HOOK_LUA, self.cluster.etc_dir)
         # reconfigure also drops features/weights a previous run's publisher set; the hook must
         # then not prefer model features Slurm no longer has (Slurm rejects such a --prefer).
         self.slurm.reconfigure()
@@ -330,15 +331,6 @@ def _run_cli(args: Sequence[str]) -> None:
     result = subprocess.run([SLURM_AIGC_BIN, *args], capture_output=True, text=True, check=False, timeout=120)
     if result.returncode != 0:
         raise AigcError(f"slurm-aigc {' '.join(args)} failed: {result.stderr.strip()[-600:]}")
-
-
-def _install_lua_atomically(path: Path, text: str) -> None:
-    """Replace the hook file in one rename; bump its mtime past the last load second (Slurm 22.05 skips same-second reloads)."""
-    temporary = path.with_suffix(".lua.tmp")
-    temporary.write_text(text)
-    stamp = max(time.time(), (path.stat().st_mtime + 1.1) if path.exists() else 0.0)
-    os.utime(temporary, (stamp, stamp))
-    temporary.replace(path)
 
 
 def ensure_shape(cluster: LocalCluster, shape_text: str | None, progress: Progress, *, install: bool = False) -> None:
