@@ -106,7 +106,10 @@ def test_features_and_weights_publish_steer_and_survive_reconfigure(
     assert MODEL_FEATURE in published
     assert {ADMIN_FEATURE, "nvlink8", *conf_features} <= published  # admin and agent features kept
     assert "nvfree8" not in published  # our shard job holds one of its GPUs
-    assert (tmp_path / "published-features.txt").read_text().splitlines().count(MODEL_FEATURE) == 1
+    listed = [line.split() for line in (tmp_path / "published-features.txt").read_text().splitlines()]
+    serving_lines = [words for words in listed if words[0] == MODEL_FEATURE]
+    assert len(serving_lines) == 1  # one node serves it: the hook gets that node's other features beside it
+    assert set(conf_features) <= set(serving_lines[0][1:])
     for name, plan in plans.items():
         if plan.weight_after is not None:
             assert cluster.slurm.node(name).weight == plan.weight_after
