@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable
 from typing import TypeVar
@@ -11,12 +12,16 @@ from slurm_aigc.slurm import JobInfo
 
 T = TypeVar("T")
 
+# Job ids restart at 1 after `cluster down --purge`, and /tmp is sticky: an old job's output file
+# of another user would make the new job's stdout unopenable. One prefix per test session.
+OUTPUT_PREFIX = f"/tmp/slurm-aigc-test-{os.getpid()}-{int(time.time())}"
+
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 
 
 def submit(cluster: object, script_text: str, *sbatch_args: str, user: str | None = "aigc-alice") -> str:
-    """sbatch SCRIPT (as `user`; None = root); output goes to /tmp/slurm-aigc-test-%j.out."""
-    args = ["--chdir=/tmp", "--output=/tmp/slurm-aigc-test-%j.out", *sbatch_args]
+    """sbatch SCRIPT (as `user`; None = root); output goes to OUTPUT_PREFIX-%j.out."""
+    args = ["--chdir=/tmp", f"--output={OUTPUT_PREFIX}-%j.out", *sbatch_args]
     if not script_text.startswith("#!"):
         script_text = "#!/bin/bash\n" + script_text
     return cluster.slurm.submit(args, script_text, user=user)  # type: ignore[attr-defined, no-any-return]
@@ -49,7 +54,7 @@ def wait_job_state(cluster: object, job_id: str, states: Iterable[str] | str, ti
 
 
 def job_output(job_id: str) -> str:
-    with open(f"/tmp/slurm-aigc-test-{job_id}.out") as handle:
+    with open(f"{OUTPUT_PREFIX}-{job_id}.out") as handle:
         return handle.read()
 
 
