@@ -185,12 +185,16 @@ def _figure_png(draw: Callable[[Any], None], size: tuple[float, float] = (8.0, 3
     fig, ax = pyplot.subplots(figsize=size, dpi=100)
     try:
         draw(ax)
-        fig.tight_layout()
-        buffer = io.BytesIO()
-        fig.savefig(buffer, format="png")
-        return buffer.getvalue()
+        return _png_bytes(fig)
     finally:
         pyplot.close(fig)
+
+
+def _png_bytes(fig: Any) -> bytes:
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return buffer.getvalue()
 
 
 def report_plots(report: Report) -> dict[str, bytes]:
@@ -380,10 +384,7 @@ def job_plot(view: JobView, tz: tzinfo | None = None) -> bytes:
         if view.series:
             top.legend(fontsize="small")
         fig.autofmt_xdate()
-        fig.tight_layout()
-        buffer = io.BytesIO()
-        fig.savefig(buffer, format="png")
-        return buffer.getvalue()
+        return _png_bytes(fig)
     finally:
         pyplot.close(fig)
 
