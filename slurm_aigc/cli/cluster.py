@@ -32,10 +32,14 @@ def cluster() -> None:
 @click.option("--shape", default=None, help=f"Nodes as TYPE:GPUSxNODES,... (default {DEFAULT_SHAPE}).")
 @click.option("--no-install", is_flag=True, help="Do not apt-get install missing packages.")
 @click.option("--timeout", "timeout_s", default=120.0, show_default=True, help="Seconds to wait for idle nodes.")
+@click.option("--replace", is_flag=True, help="If a cluster of another shape is up, stop it and start this shape.")
 @state_option
-def up(shape: str | None, no_install: bool, timeout_s: float, state_dir: Path | None) -> None:
-    """Install what is missing, start munge, MariaDB, slurmdbd, slurmctld and one slurmd per node; wait until idle."""
-    result = _cluster(state_dir).up(shape, install=not no_install, timeout_s=timeout_s)
+def up(shape: str | None, no_install: bool, timeout_s: float, replace: bool, state_dir: Path | None) -> None:
+    """Install what is missing, start munge, MariaDB, slurmdbd, slurmctld and one slurmd per node; wait until idle.
+
+    Without --shape, the last shape started from this state directory is used (else the default).
+    """
+    result = _cluster(state_dir).up(shape, install=not no_install, timeout_s=timeout_s, replace=replace)
     click.echo(f"{len(result.nodes)} nodes up: " + ", ".join(f"{n.name}({n.gpu_count}x{n.gpu.gres_type})" for n in result.nodes))
 
 
@@ -56,9 +60,9 @@ def status(as_json: bool, state_dir: Path | None) -> None:
     local = _cluster(state_dir)
     rows = local.status()
     if as_json:
-        click.echo(json.dumps({"state_dir": str(local.state_dir), "ready": local.ready_file.exists(),
+        click.echo(json.dumps({"state_dir": str(local.state_dir), "up": local.is_up(),
                                "processes": [{"name": r.name, "pid": r.pid, "running": r.running} for r in rows]}))
         return
-    click.echo(f"state: {local.state_dir} ({'ready' if local.ready_file.exists() else 'not ready'})")
+    click.echo(f"state: {local.state_dir} ({'up' if local.is_up() else 'not up'})")
     for row in rows:
         click.echo(f"  {row.name:<16} pid {row.pid or '-':>7}  {'running' if row.running else 'STOPPED'}")

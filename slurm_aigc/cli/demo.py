@@ -20,7 +20,7 @@ from slurm_aigc.localcluster.manager import LocalCluster
 from slurm_aigc.localcluster.shape import DEFAULT_SHAPE
 from slurm_aigc.policy.paths import default_policy
 from slurm_aigc.replay.compare import metrics_of
-from slurm_aigc.replay.runner import SLURM_AIGC_BIN, ReplayRun, RunSettings, ensure_shape
+from slurm_aigc.replay.runner import SLURM_AIGC_BIN, ReplayRun, RunSettings
 from slurm_aigc.replay.workload import write_workload
 
 
@@ -46,7 +46,7 @@ def demo(minutes: float, shape: str, trace: str, seed: int, out_dir: Path, clean
     out_dir.mkdir(parents=True, exist_ok=True)
     cluster = LocalCluster(progress=_progress)
     _step("local cluster: install and bring up")
-    ensure_shape(cluster, shape, _progress, install=True)
+    cluster.up(shape, install=True, replace=True)
     policy = default_policy()
     _step(f"workload: {trace} trace(s) from {default_trace_input()}, {minutes:g} minutes, seed {seed}")
     workload, _ = workload_from_traces(GeneratorChoice(

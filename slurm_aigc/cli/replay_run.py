@@ -12,7 +12,7 @@ from slurm_aigc.cli.replay import GeneratorChoice, generator_options, workload_f
 from slurm_aigc.localcluster.manager import LocalCluster
 from slurm_aigc.policy.paths import default_policy
 from slurm_aigc.replay.compare import comparison_json, comparison_rows, metrics_of, plot_utilization, render_table
-from slurm_aigc.replay.runner import MODES, ensure_shape, run_modes
+from slurm_aigc.replay.runner import MODES, run_modes
 from slurm_aigc.replay.workload import Workload, read_workload, write_workload
 
 COMPARE_SHAPE = "a100:8x6,t4:4x10"
@@ -60,7 +60,7 @@ def compare(workload_path: Path | None, shape: str, policy: Path | None, out_dir
             as_json: bool, **generator: Any) -> None:
     """Run the same workload on stock Slurm and on slurm-aigc; print the figures side by side."""
     cluster = LocalCluster(progress=_progress)
-    ensure_shape(cluster, shape, _progress)
+    cluster.up(shape, install=False, replace=True)
     workload = _workload(workload_path, generator, cluster)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_workload(workload, out_dir / "workload.csv")

@@ -196,19 +196,30 @@ class LocalCluster:
     def etc_dir(self) -> Path:
         return self.state_dir / "etc"
 
+    def is_up(self) -> bool:
+        """Brought up (ready) and every process it started still alive (not, say, after a reboot)."""
+        names = self.processes.names()
+        return self.ready_file.exists() and bool(names) and all(self.processes.alive(name) for name in names)
+
     def shape(self) -> ClusterShape:
         try:
             return parse_shape((self.state_dir / "shape").read_text().strip())
         except OSError as error:
             raise ClusterError(f"no cluster in {self.state_dir}: run `slurm-aigc cluster up`") from error
 
-    def up(self, shape_text: str | None = None, *, install: bool = True, timeout_s: float = 120) -> ClusterShape:
+    def up(self, shape_text: str | None = None, *, install: bool = True, timeout_s: float = 120,
+           replace: bool = False) -> ClusterShape:
+        """Start the cluster in `shape_text` (default: the last shape, else the default shape).
+
+        A cluster already up in another shape is an error unless `replace`, which stops it first.
+        """
         started = time.monotonic()
         if install:
             install_packages(self.progress)
         shape = parse_shape(shape_text or self._saved_shape_text() or parse_shape_default())
-        if self.ready_file.exists() and self._saved_shape_text() not in (None, shape_to_text(shape)):
-            raise ClusterError(f"a cluster of shape {self._saved_shape_text()} is up; `slurm-aigc cluster down` first")
+        if must_stop_first(self._saved_shape_text(), self.is_up(), shape_to_text(shape), replace=replace):
+            self.progress(f"cluster was {self._saved_shape_text()}; stopping it to start {shape_to_text(shape)}")
+            self.down()
         layout = config.Layout(self.state_dir, socket.gethostname().split(".")[0], slurm_version())
         self.ready_file.unlink(missing_ok=True)
         self._prepare(shape, layout)
@@ -418,6 +429,20 @@ class LocalCluster:
     def _write_simgpu(self, shape: ClusterShape) -> None:
         from slurm_aigc.localcluster.simgpu_inventory import write_inventories
         write_inventories(shape, self.simgpu_dir)
+
+
+def must_stop_first(saved_shape: str | None, running: bool, wanted_shape: str, *, replace: bool) -> bool:
+    """Whether `up` must first stop what the state directory holds in another shape.
+
+    Stopping also forgets pid files of a shape's nodes that died (a reboot), so none linger.
+    A running cluster of another shape is only replaced when asked to.
+    """
+    if saved_shape is None or saved_shape == wanted_shape:
+        return False
+    if running and not replace:
+        raise ClusterError(f"a cluster of shape {saved_shape} is up; `slurm-aigc cluster down` first "
+                           "(or `cluster up --replace`)")
+    return True
 
 
 def parse_shape_default() -> str:

@@ -333,18 +333,6 @@ def _run_cli(args: Sequence[str]) -> None:
         raise AigcError(f"slurm-aigc {' '.join(args)} failed: {result.stderr.strip()[-600:]}")
 
 
-def ensure_shape(cluster: LocalCluster, shape_text: str | None, progress: Progress, *, install: bool = False) -> None:
-    """Bring the cluster up in `shape_text` (restarting it when it runs another shape)."""
-    from slurm_aigc.localcluster.shape import parse_shape, shape_to_text
-
-    if shape_text is not None and cluster.ready_file.exists():
-        current = shape_to_text(cluster.shape())
-        if current != shape_to_text(parse_shape(shape_text)):
-            progress(f"cluster runs {current}; restarting it as {shape_text}")
-            cluster.down()
-    cluster.up(shape_text, install=install)
-
-
 def run_modes(workload: Workload, modes: Sequence[str], policy: Path, out_dir: Path, cluster: LocalCluster,
               progress: Progress, timeout_s: float = 1800.0) -> list[RunRecord]:
     """Run the same workload once per mode, one after the other, on the same cluster."""

@@ -51,20 +51,21 @@ def test_finished_job_is_in_sacct_with_gpu_tres_and_comment(cluster: ClusterHand
 
 def test_boundary_reads_nodes_and_updates_features_and_weight(cluster: ClusterHandle) -> None:
     slurm: SlurmCli = cluster.slurm
-    node = slurm.node("t4-02")
+    name = cluster.nodes_of_type("t4")[-1]
+    node = slurm.node(name)
     assert node.gres.startswith("gpu:t4:4")
     assert "t4" in node.available_features
     assert node.state.split("+")[0] in {"IDLE", "MIXED", "ALLOCATED"}
     original_features, original_weight = node.available_features, node.weight
     try:
-        slurm.update_node("t4-02", features=[*original_features, "boundary_test"], weight=original_weight + 41)
-        updated = slurm.node("t4-02")
+        slurm.update_node(name, features=[*original_features, "boundary_test"], weight=original_weight + 41)
+        updated = slurm.node(name)
         assert "boundary_test" in updated.available_features
         assert "boundary_test" in updated.active_features
         assert updated.weight == original_weight + 41
     finally:
-        slurm.update_node("t4-02", features=list(original_features), weight=original_weight)
-    assert slurm.node("t4-02").available_features == original_features
+        slurm.update_node(name, features=list(original_features), weight=original_weight)
+    assert slurm.node(name).available_features == original_features
 
 
 def test_boundary_requeues_a_running_batch_job(cluster: ClusterHandle) -> None:

@@ -116,7 +116,7 @@ def test_vram_that_does_not_fit_keeps_job_off_small_gpus(cluster: Any, hook_inst
 
 def test_small_vram_may_use_a_t4(cluster: Any, hook_installed: Path, jobs: list[str]) -> None:
     comment = "aigc:type=imagegen,vram=6G"
-    jobs.append(submit(cluster, SLEEP, "--gres=gpu:1", f"--comment={comment}", "--exclude=a100-[01-02]"))
+    jobs.append(submit(cluster, SLEEP, "--gres=gpu:1", f"--comment={comment}", "--exclude=" + ",".join(cluster.nodes_of_type("a100"))))
     info = wait_job_state(cluster, jobs[0], "RUNNING", timeout_s=60)
     assert re.search(r"\bshard:6\b", info.tres_per_node) and node_type(info.node_list) == "t4"
     assert info.time_limit_s == 90 * 60  # imagegen's class default in this test policy
@@ -131,9 +131,10 @@ def test_multi_gpu_training_is_kept_on_nvlink_nodes(cluster: Any, hook_installed
 
 
 def test_model_prefers_nodes_publishing_it(cluster: Any, hook_installed: Path, published: Path, jobs: list[str]) -> None:
-    node = cluster.slurm.node("a100-02")
+    serving = cluster.nodes_of_type("a100")[-1]
+    node = cluster.slurm.node(serving)
     features = [f for f in node.available_features if f] + [f"model_{MODEL}"]
-    cluster.slurm.update_node("a100-02", features=features)
+    cluster.slurm.update_node(serving, features=features)
     published.write_text(f"model_{MODEL}\n")
     try:
         comment = f"aigc:type=infer,model={MODEL},vram=20G"
@@ -144,10 +145,10 @@ def test_model_prefers_nodes_publishing_it(cluster: Any, hook_installed: Path, p
         assert_classify_agrees(held, classify("--comment", comment, "--gres", "gpu:1", uid=alice_uid()))
         cluster.slurm.release(jobs[0])
         info = wait_job_state(cluster, jobs[0], "RUNNING", timeout_s=60)
-        assert info.node_list == "a100-02"
+        assert info.node_list == serving
     finally:
         published.write_text("")
-        cluster.slurm.update_node("a100-02", features=[f for f in node.available_features if f])
+        cluster.slurm.update_node(serving, features=[f for f in node.available_features if f])
     # Unpublished model: no --prefer, so Slurm does not reject the job for an unknown feature.
     jobs.append(submit(cluster, SLEEP, "--gres=gpu:1", "--comment=aigc:type=infer,model=nobody-serves-this"))
     assert job(cluster, jobs[-1]).fields.get("Prefer", "(null)") == "(null)"

@@ -82,7 +82,7 @@ def test_gpu_load_job_is_seen_on_its_gpus_and_attributed(cluster: ClusterHandle)
 
 
 def test_two_shard_jobs_on_one_gpu_are_split_by_job(cluster: ClusterHandle) -> None:
-    node = "t4-01"
+    node = cluster.nodes_of_type("t4")[0]
     loads = {"30": "2G", "50": "6G"}
     job_ids = {
         util: submit(cluster, f"{SLURM_AIGC_BIN} gpu-load --util {util} --mem {mem} --seconds 60\n",

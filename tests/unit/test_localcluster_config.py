@@ -8,6 +8,7 @@ import pytest
 
 from slurm_aigc.errors import ClusterError
 from slurm_aigc.localcluster.config import Layout, render_cgroup_conf, render_gres_conf, render_slurm_conf
+from slurm_aigc.localcluster.manager import must_stop_first
 from slurm_aigc.localcluster.shape import DEFAULT_SHAPE, parse_shape, shape_to_text
 
 
@@ -58,3 +59,18 @@ def test_gres_conf_gives_every_gpu_and_shard_a_device_file() -> None:
 def test_cgroup_conf_depends_on_version() -> None:
     assert "CgroupPlugin=disabled" in render_cgroup_conf(layout((24, 11, 5)))
     assert "CgroupPlugin" not in render_cgroup_conf(layout((22, 5, 8)))
+
+
+@pytest.mark.parametrize(("saved", "running", "replace", "stop"), [
+    (None, False, False, False),            # first bring-up
+    (DEFAULT_SHAPE, True, False, False),    # same shape: idempotent up
+    ("a100:8x6,t4:4x10", False, False, True),  # a stopped benchmark shape is forgotten
+    ("a100:8x6,t4:4x10", True, True, True),    # a running one is replaced when asked
+])
+def test_up_stops_another_shape_first_only_when_allowed(saved: str | None, running: bool, replace: bool, stop: bool) -> None:
+    assert must_stop_first(saved, running, DEFAULT_SHAPE, replace=replace) is stop
+
+
+def test_up_refuses_to_replace_a_running_cluster_unasked() -> None:
+    with pytest.raises(ClusterError, match=r"a100:8x6,t4:4x10 is up.*--replace"):
+        must_stop_first("a100:8x6,t4:4x10", True, DEFAULT_SHAPE, replace=False)
