@@ -55,3 +55,7 @@ class ClusterError(AigcError):
 
 class DatabaseError(AigcError):
     """The state database could not be reached or migrated."""
+
+
+class ShippedFileError(AigcError):
+    """A file slurm-aigc ships (default policy, Lua hook, systemd unit) is not in this install."""

@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("slurm_aigc.cli.report", "report"),
     "replay": ("slurm_aigc.cli.replay", "replay"),
     "demo": ("slurm_aigc.cli.demo", "demo"),
+    "shipped": ("slurm_aigc.cli.shipped", "shipped"),
 }
 
 

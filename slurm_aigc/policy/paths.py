@@ -1,8 +1,7 @@
 """Where the policy and the installed hook live.
 
-The shipped default policy is `etc/slurm-aigc.yaml` of the source tree, found relative to
-this package (an editable install, the project's supported layout), or `slurm_aigc/data/`
-when a wheel ships it there; no copy is kept in the repository.
+The shipped default policy is `etc/slurm-aigc.yaml` of the source tree, or
+`slurm_aigc/data/etc/slurm-aigc.yaml` of an installed wheel; `slurm_aigc.shipped` finds it.
 """
 
 from __future__ import annotations
@@ -10,17 +9,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from slurm_aigc.shipped import POLICY, shipped_file
+
 SYSTEM_POLICY = Path("/etc/slurm-aigc/slurm-aigc.yaml")
 ENV_POLICY = "SLURM_AIGC_CONFIG"
 
 
 def shipped_policy() -> Path:
-    """etc/slurm-aigc.yaml next to the package (source checkout) or in slurm_aigc/data/."""
-    package = Path(__file__).resolve().parents[1]
-    for candidate in (package.parent / "etc" / "slurm-aigc.yaml", package / "data" / "slurm-aigc.yaml"):
-        if candidate.is_file():
-            return candidate
-    return package.parent / "etc" / "slurm-aigc.yaml"
+    """etc/slurm-aigc.yaml of the source checkout, else of the wheel's slurm_aigc/data/."""
+    return shipped_file(POLICY)
 
 
 def default_policy() -> Path:

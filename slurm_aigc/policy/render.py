@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from slurm_aigc.policy.model import DetectionRule, GpuType, Policy
+from slurm_aigc.shipped import HOOK, shipped_file
 
 MARKER = "-- slurm-aigc job_submit.lua (rendered)"
 _LUA_MAGIC = set("^$()%.[]*+-?")
@@ -22,12 +23,8 @@ LuaValue = None | bool | int | float | str | Sequence["LuaValue"] | Mapping[str,
 
 
 def lua_dir() -> Path:
-    """job_submit_lua/ of this checkout, or the copy installed as package data."""
-    here = Path(__file__).resolve()
-    for candidate in (here.parents[2] / "job_submit_lua", here.parents[1] / "data" / "job_submit_lua"):
-        if (candidate / "aigc_hook.lua").is_file():
-            return candidate
-    raise FileNotFoundError("job_submit_lua/aigc_hook.lua not found next to the slurm_aigc package")
+    """job_submit_lua/ of the source checkout, else of the wheel's slurm_aigc/data/."""
+    return shipped_file(HOOK).parent
 
 
 def lua_string(text: str) -> str:
