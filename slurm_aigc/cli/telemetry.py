@@ -22,7 +22,7 @@ from slurm_aigc.telemetry.loadgen import (
     node_name,
     parse_profile_spec,
 )
-from slurm_aigc.telemetry.simgpu import default_simgpu_dir, open_backend
+from slurm_aigc.telemetry.simgpu import SimGpuBackend, default_simgpu_dir, open_backend
 from slurm_aigc.telemetry.topology import TopologyMatrix, parse_topo_matrix
 from slurm_aigc.validation import parse_size_gib
 
@@ -102,6 +102,8 @@ def _size_gib(ctx: click.Context, param: click.Parameter, value: str) -> float:
 @click.option("--profile-spec", default=None, help='Phases, e.g. "loading:30,busy:120,idle:60" (append ",repeat" to cycle).')
 @click.option("--gpus", default=None, help="GPU indices (default: from SLURM_STEP_GPUS/SLURM_JOB_GPUS/CUDA_VISIBLE_DEVICES).")
 @click.option("--simgpu-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Simulated GPU dir (default: $SLURM_AIGC_SIMGPU_DIR).")
+@click.option("--work-conserving", is_flag=True,
+              help="Busy phases measure work: they last longer while the GPU's processes ask for more than 100 % SM.")
 def gpu_load(
     util_pct: float,
     mem_gib: float,
@@ -112,6 +114,7 @@ def gpu_load(
     profile_spec: str | None,
     gpus: str | None,
     simgpu_dir: Path | None,
+    work_conserving: bool,
 ) -> None:
     """Put a simulated load on this job's GPUs (run inside a Slurm job on the local cluster)."""
     if profile_name and profile_spec:
@@ -119,8 +122,9 @@ def gpu_load(
     profile: Profile = parse_profile_spec(profile_spec) if profile_spec else PROFILES[profile_name or "busy"]
     directory = simgpu_dir or default_simgpu_dir()
     explicit = None if gpus is None else _gpu_list(gpus)
-    plan = make_plan(os.environ, directory, profile, util_pct, mem_gib, power_factor, 0.0 if until_killed else seconds, explicit)
-    run = LoadRun(plan, directory, time.monotonic)
+    plan = make_plan(os.environ, directory, profile, util_pct, mem_gib, power_factor, 0.0 if until_killed else seconds, explicit,
+                     work_conserving)
+    run = LoadRun(plan, directory, time.monotonic, live_loads=SimGpuBackend(plan.node, directory).live_loads)
     run.install_signal_handlers()
     click.echo(f"gpu-load pid {run.pid} on {plan.node} GPUs {list(plan.gpus)}: profile {profile.name}", err=True)
     try:

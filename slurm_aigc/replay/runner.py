@@ -95,7 +95,8 @@ def job_script(job: WorkloadJob, slurm_aigc_cmd: Sequence[str] = (SLURM_AIGC_BIN
 
     After a requeue (SLURM_RESTART_COUNT > 0) it plays `requeue_profile`, or exits at once
     when that is empty (the work was done, e.g. an idle tail); an over-allocated job loads
-    only the first `gpus_used` of its GPUs.
+    only the first `gpus_used` of its GPUs. Busy phases are work-conserving: a job packed
+    onto a crowded GPU runs longer instead of losing the work the GPU could not do.
     """
     only_used = 0 < job.gpus_used < job.gpus
     first = _gpu_load(slurm_aigc_cmd, job, job.profile, only_used)
@@ -115,7 +116,8 @@ def job_script(job: WorkloadJob, slurm_aigc_cmd: Sequence[str] = (SLURM_AIGC_BIN
 
 def _gpu_load(slurm_aigc_cmd: Sequence[str], job: WorkloadJob, phases: Sequence[Phase], only_used: bool) -> str:
     argv = [*slurm_aigc_cmd, "gpu-load", "--seconds", f"{profile_seconds(phases):g}", "--util", f"{job.util_pct or 85:g}",
-            "--mem", f"{max(job.mem_used_gib_per_gpu, 0.1):g}G", "--profile-spec", format_profile(phases)]
+            "--mem", f"{max(job.mem_used_gib_per_gpu, 0.1):g}G", "--profile-spec", format_profile(phases),
+            "--work-conserving"]
     return shlex.join(argv) + (' --gpus "$GPUS"' if only_used else "")
 
 

@@ -7,6 +7,11 @@ exactly where NVML would.
 
 A profile is a list of phases, each `(kind, seconds)`; the last phase lasts until the
 run ends, unless the profile repeats. `phase_at` is the pure core and is unit-tested.
+
+With `work_conserving`, busy phases measure work, not wall time: when the processes on a
+GPU ask for more than 100 % SM in all, each gets its share and its busy phase lasts longer
+(`progress_rate`), as kernels sharing a real GPU slow each other down. Without it a packed
+job would finish its work on time at any contention, and the excess would simply vanish.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -145,6 +150,27 @@ def next_change_s(profile: Profile, t_seconds: float) -> float:
     return _phase_index(profile, max(0.0, t_seconds))[1]
 
 
+def progress_rate(own: ProcLoad, live: Iterable[ProcLoad]) -> float:
+    """Profile seconds per wall second of `own` in a busy phase, given every live process load.
+
+    Each GPU grants the SM it has (100 %) in proportion to what its processes ask; a process
+    spanning several GPUs runs at the pace of its most crowded one (data-parallel steps wait
+    for the slowest rank). 1.0 when nothing is oversubscribed.
+    """
+    asked: dict[int, float] = {}
+    for load in live:
+        if load.pid == own.pid:
+            continue
+        for gpu in load.gpus:
+            asked[gpu.index] = asked.get(gpu.index, 0.0) + max(0.0, gpu.sm_util_pct)
+    rate = 1.0
+    for gpu in own.gpus:
+        total = asked.get(gpu.index, 0.0) + max(0.0, gpu.sm_util_pct)
+        if gpu.sm_util_pct > 0 and total > 100.0:
+            rate = min(rate, 100.0 / total)
+    return rate
+
+
 # --------------------------------------------------------------------------- environment
 
 
@@ -193,8 +219,9 @@ class LoadPlan:
     util_pct: float
     mem_gib: float
     power_factor: float  # multiplies each phase's own factor
-    seconds: float  # 0: until killed
+    seconds: float  # 0: until killed; profile seconds (busy ones stretch when work_conserving)
     job_id: str | None
+    work_conserving: bool = False
 
 
 def make_plan(
@@ -206,6 +233,7 @@ def make_plan(
     power_factor: float,
     seconds: float,
     gpus: tuple[int, ...] | None = None,
+    work_conserving: bool = False,
 ) -> LoadPlan:
     """Resolve node and GPUs from the job's environment (or the explicit `gpus`)."""
     node = node_name(env)
@@ -213,7 +241,8 @@ def make_plan(
         gpus = tuple(job_gpu_indices(env, _uuid_map(simgpu_dir, node)))
     if not gpus:
         raise ProfileError("no GPUs: none of SLURM_STEP_GPUS, SLURM_JOB_GPUS, CUDA_VISIBLE_DEVICES is set (use --gpus)")
-    return LoadPlan(node, gpus, profile, util_pct, mem_gib, power_factor, seconds, env.get("SLURM_JOB_ID"))
+    return LoadPlan(node, gpus, profile, util_pct, mem_gib, power_factor, seconds, env.get("SLURM_JOB_ID"),
+                    work_conserving)
 
 
 def _uuid_map(simgpu_dir: Path, node: str) -> dict[str, int]:
@@ -233,11 +262,17 @@ def load_at(plan: LoadPlan, pid: int, t_seconds: float, start_ticks: int | None)
     return ProcLoad(pid, loads, plan.profile.phases[index].kind, plan.job_id, start_ticks)
 
 
+# How often a work-conserving busy phase re-reads its GPUs' crowd (others start and stop).
+CONTENTION_POLL_S = 2.0
+
+
 class LoadRun:
     """Runs a plan: writes the process file at each phase change, removes it at exit.
 
     Signal handlers only set flags; the loop waits on an Event with the time to the next
     phase change as timeout (SIGTERM/SIGINT end the run, SIGUSR1 logs and continues).
+    The profile clock runs with the wall clock, except in work-conserving busy phases,
+    where it runs at `progress_rate` of the loads `live_loads` returns.
     """
 
     def __init__(
@@ -248,8 +283,10 @@ class LoadRun:
         pid: int | None = None,
         proc_root: Path = Path("/proc"),
         wait: Callable[[float], object] | None = None,
+        live_loads: Callable[[], Sequence[ProcLoad]] | None = None,
     ) -> None:
         self.plan = plan
+        self.live_loads = live_loads
         self.simgpu_dir = simgpu_dir
         self.clock = clock
         self.pid = os.getpid() if pid is None else pid
@@ -274,12 +311,15 @@ class LoadRun:
         LOG.warning("gpu-load: checkpoint requested (SIGUSR1); continuing")
 
     def run(self) -> None:
-        """Until `seconds` pass (0: forever) or a stop signal; always removes the file."""
-        started = self.clock()
+        """Until `seconds` of profile pass (0: forever) or a stop signal; always removes the file."""
+        wall = self.clock()
+        t, rate = 0.0, 1.0
         last: ProcLoad | None = None
         try:
             while not self.stop.is_set():
-                t = self.clock() - started
+                now = self.clock()
+                t += (now - wall) * rate
+                wall = now
                 if self.plan.seconds > 0 and t >= self.plan.seconds:
                     break
                 load = load_at(self.plan, self.pid, t, self.start_ticks)
@@ -287,16 +327,26 @@ class LoadRun:
                     write_proc_load(self.simgpu_dir, self.plan.node, load)
                     LOG.info("gpu-load: phase %s on GPUs %s", load.phase, [g.index for g in load.gpus])
                     last = load
-                self._wait(self._wait_s(t))
+                rate = self._rate(load)
+                self._wait(self._wait_s(t, rate, load))
         finally:
             self._remove_file()
 
-    def _wait_s(self, t: float) -> float:
+    def _contended(self, load: ProcLoad) -> bool:
+        return self.plan.work_conserving and self.live_loads is not None and load.phase == "busy"
+
+    def _rate(self, load: ProcLoad) -> float:
+        if not self._contended(load) or self.live_loads is None:
+            return 1.0
+        return progress_rate(load, self.live_loads())
+
+    def _wait_s(self, t: float, rate: float, load: ProcLoad) -> float:
         wake = next_change_s(self.plan.profile, t)
         if self.plan.seconds > 0:
             wake = min(wake, self.plan.seconds)
         # A bounded wait keeps the loop responsive if the clock jumps; 60 s is plenty.
-        return max(0.01, min(wake - t, 60.0))
+        bound = CONTENTION_POLL_S if self._contended(load) else 60.0
+        return max(0.01, min((wake - t) / rate, bound))
 
     def _remove_file(self) -> None:
         try:

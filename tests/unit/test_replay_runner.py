@@ -50,6 +50,7 @@ def test_script_plays_the_profile_then_the_requeue_profile_after_a_restart(tmp_p
     assert first[first.index("--profile-spec") + 1] == "loading:10,busy:30"
     assert first[first.index("--mem") + 1] == "12G"
     assert first[first.index("--seconds") + 1] == "40"
+    assert "--work-conserving" in first  # a packed job runs longer rather than losing work
     again = run_script(script, tmp_path, SLURM_RESTART_COUNT="1")
     assert again[again.index("--profile-spec") + 1] == "busy:15"
     assert again[again.index("--seconds") + 1] == "15"

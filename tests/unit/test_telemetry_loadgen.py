@@ -24,8 +24,11 @@ from slurm_aigc.telemetry.loadgen import (
     node_name,
     parse_profile_spec,
     phase_at,
+    progress_rate,
 )
 from slurm_aigc.telemetry.simgpu import (
+    GpuLoad,
+    ProcLoad,
     SimGpuBackend,
     parse_proc_load,
     proc_file,
@@ -153,6 +156,48 @@ def test_run_until_killed_stops_on_the_event(tmp_path: Path) -> None:
     run = LoadRun(plan, tmp_path, fake.clock, pid=1, wait=lambda s: run.stop.set())
     run.run()
     assert not proc_file(tmp_path, "n", 1).exists()
+
+
+def proc(pid: int, *utils_by_gpu: tuple[int, float]) -> ProcLoad:
+    return ProcLoad(pid, tuple(GpuLoad(index, util, 1024.0) for index, util in utils_by_gpu), "busy")
+
+
+def test_progress_rate_is_the_share_of_the_most_crowded_gpu() -> None:
+    own = proc(1, (0, 90.0), (1, 90.0))
+    assert progress_rate(own, [own]) == 1.0
+    assert progress_rate(own, [own, proc(2, (0, 10.0)), proc(3, (2, 100.0))]) == 1.0  # 100 % exactly fits
+    assert progress_rate(own, [own, proc(2, (0, 90.0))]) == pytest.approx(100.0 / 180.0)
+    assert progress_rate(own, [own, proc(2, (0, 30.0)), proc(3, (1, 110.0))]) == pytest.approx(100.0 / 200.0)
+    idle = proc(1, (0, 0.0))
+    assert progress_rate(idle, [idle, proc(2, (0, 100.0)), proc(3, (0, 100.0))]) == 1.0
+
+
+def play(tmp_path: Path, work_conserving: bool, crowd: list[ProcLoad]) -> list[tuple[float, str]]:
+    """(wall time, phase written) of `loading:30,busy:60,idle:10` beside `crowd`; last item: the end."""
+    plan = LoadPlan("a100-01", (0,), parse_profile_spec("loading:30,busy:60,idle:10"), 100, 4, 1.0, 100, "7",
+                    work_conserving)
+    fake = FakeTime()
+    seen: list[tuple[float, str]] = []
+    path = proc_file(tmp_path, "a100-01", 4242)
+
+    def wait(seconds: float) -> None:
+        phase = parse_proc_load(path.read_text()).phase
+        if not seen or seen[-1][1] != phase:
+            seen.append((fake.now, phase))
+        fake.now += seconds
+
+    def live() -> list[ProcLoad]:
+        return [parse_proc_load(path.read_text()), *crowd]
+
+    LoadRun(plan, tmp_path, fake.clock, pid=4242, wait=wait, live_loads=live).run()
+    return [*seen, (fake.now, "end")]
+
+
+def test_work_conserving_busy_phase_lasts_longer_on_a_crowded_gpu(tmp_path: Path) -> None:
+    crowd = [proc(99, (0, 100.0))]  # another job asking the whole GPU: each gets half
+    assert play(tmp_path, True, crowd) == [(0.0, "loading"), (30.0, "busy"), (150.0, "idle"), (160.0, "end")]
+    assert play(tmp_path, False, crowd) == [(0.0, "loading"), (30.0, "busy"), (90.0, "idle"), (100.0, "end")]
+    assert play(tmp_path, True, [proc(99, (1, 100.0))]) == [(0.0, "loading"), (30.0, "busy"), (90.0, "idle"), (100.0, "end")]
 
 
 def wait_for(predicate: object, timeout_s: float = 15.0) -> None:
