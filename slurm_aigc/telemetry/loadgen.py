@@ -332,11 +332,11 @@ class LoadRun:
         finally:
             self._remove_file()
 
-    def _contended(self, load: ProcLoad) -> bool:
+    def _conserves_work(self, load: ProcLoad) -> bool:
         return self.plan.work_conserving and self.live_loads is not None and load.phase == "busy"
 
     def _rate(self, load: ProcLoad) -> float:
-        if not self._contended(load) or self.live_loads is None:
+        if not self._conserves_work(load) or self.live_loads is None:
             return 1.0
         return progress_rate(load, self.live_loads())
 
@@ -345,7 +345,7 @@ class LoadRun:
         if self.plan.seconds > 0:
             wake = min(wake, self.plan.seconds)
         # A bounded wait keeps the loop responsive if the clock jumps; 60 s is plenty.
-        bound = CONTENTION_POLL_S if self._contended(load) else 60.0
+        bound = CONTENTION_POLL_S if self._conserves_work(load) else 60.0
         return max(0.01, min((wake - t) / rate, bound))
 
     def _remove_file(self) -> None:
