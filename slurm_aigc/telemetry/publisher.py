@@ -265,17 +265,22 @@ def lingering_models(sightings: ModelSightings, now: float, keep_s: float) -> di
     return {node_name: frozenset(features) for node_name, features in kept.items()}
 
 
-def listable_models(sightings: ModelSightings, now: float, linger_s: float) -> frozenset[str]:
-    """Models the hook may --prefer: served within the linger (removal comes a grace later,
-    after the hook has re-read the list, since Slurm rejects a --prefer nobody has)."""
-    return frozenset(feature for (_, feature), seen in sightings.items() if now - seen < linger_s)
+def listable_models(sightings: ModelSightings, now: float, linger_s: float) -> frozenset[tuple[str, str]]:
+    """(node, model feature) pairs the hook may --prefer: served there within the linger.
+
+    Per node, not per model: a model still served on a t4 must not keep the line of an a100
+    whose copy is lingering out, or a hook that read `a100&model_X` could --prefer it in the
+    seconds after Slurm dropped it (Slurm rejects a --prefer no node satisfies). Removal
+    comes a grace after unlisting, once every hook has re-read the list.
+    """
+    return frozenset(key for key, seen in sightings.items() if now - seen < linger_s)
 
 
 # --------------------------------------------------------------------------- the daemon part
 
 
 def published_lines(nodes: Sequence[NodeInfo], plans: Sequence[NodePlan], keep_only_unchanged: bool,
-                    listable: frozenset[str] | None = None) -> frozenset[str]:
+                    listable: frozenset[tuple[str, str]] | None = None) -> frozenset[str]:
     """One line per (model feature, node) for the hook: the model, then the node's other features.
 
     The hook adds `--prefer A&model_X` only when a listed node has model_X with A, since Slurm
@@ -291,7 +296,7 @@ def published_lines(nodes: Sequence[NodeInfo], plans: Sequence[NodePlan], keep_o
         present = (before & new) if keep_only_unchanged else new
         others = sorted(f for f in present if not f.startswith(("model_", "nvfree")))
         for model in sorted(f for f in present if f.startswith("model_")):
-            if listable is None or model in listable:
+            if listable is None or (node.name, model) in listable:
                 lines.add(" ".join([model, *others]))
     return frozenset(lines)
 

@@ -315,6 +315,29 @@ def test_model_lingers_then_is_unlisted_a_grace_before_slurm_loses_it(store: Tel
     assert not dry.exists()
 
 
+def test_a_model_served_elsewhere_does_not_keep_a_lingering_node_listed(store: TelemetryStore, tmp_path: Path) -> None:
+    # Seen in the 16-node replay: model X ran on an a100 and still runs on a t4; the a100's
+    # line stayed listed until Slurm dropped the feature, and a hook that had read
+    # `model_X a100` added --prefer a100&model_X, which Slurm refused.
+    listing = tmp_path / "published-features.txt"
+    on_a100 = FakeJob("5", "a100-01", comment="aigc:type=infer,model=sd aigc_class=infer")
+    on_t4 = FakeJob("6", "t4-01", comment="aigc:type=infer,model=sd aigc_class=infer")
+    slurm = FakeSlurm([FakeNode("a100-01", features=["a100"]), FakeNode("t4-01", features=["t4"])], [on_a100, on_t4])
+    config = ScoringConfig(published_features_file=str(listing), model_linger_s=100, model_unlist_grace_s=30)
+    now = [1000.0]
+    publisher = Publisher(SlurmCli(runner=slurm), store, config, clock=lambda: now[0])
+    publisher.tick()
+    assert listing.read_text() == "model_sd a100\nmodel_sd t4\n"
+
+    on_a100.state = "COMPLETED"
+    now[0] += 101  # past the a100's linger; the t4 still serves the model
+    publisher.tick()
+    assert listing.read_text() == "model_sd t4\n" and "model_sd" in slurm.nodes["a100-01"].features
+    now[0] += 30
+    publisher.tick()
+    assert "model_sd" not in slurm.nodes["a100-01"].features and listing.read_text() == "model_sd t4\n"
+
+
 def test_restarted_publisher_unlists_unserved_models_before_removing_them(store: TelemetryStore, tmp_path: Path) -> None:
     listing = tmp_path / "published-features.txt"
     slurm = FakeSlurm([FakeNode("a100-01", features=["a100", "model_old"])])
