@@ -11,5 +11,6 @@ if [ ! -x .venv/bin/python ]; then
     echo "[setup] creating .venv" >&2
     "$PYTHON" -m venv .venv || { apt-get install -y -q python3-venv >&2 && "$PYTHON" -m venv .venv; }
 fi
-echo "[setup] pip install -e '.[test]'" >&2
-.venv/bin/pip install --progress-bar off -q -e '.[test]'
+# mysql: the integration tests and every store's tests also run on the local cluster's MariaDB.
+echo "[setup] pip install -e '.[test,mysql]'" >&2
+.venv/bin/pip install --progress-bar off -q -e '.[test,mysql]'
