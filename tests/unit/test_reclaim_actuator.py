@@ -194,3 +194,10 @@ def test_signal_goes_to_the_batch_step(store: ReclaimStore) -> None:
     assert planned_commands(plan("signal"), show(fake), CONFIG) == [["scancel", "--signal=USR1", "--batch", "7"]]
     assert actuator.apply(plan("signal"), show(fake)).state == "done"
     assert fake.jobs["7"].state == "RUNNING"
+
+
+def test_actions_store_syncs_every_commit_to_disk(tmp_path: Path) -> None:
+    # synchronous=NORMAL in WAL mode can lose the last commits (a recorded intent) on power loss.
+    factory = open_database(f"sqlite:///{tmp_path / 'state.db'}")
+    with factory() as session:
+        assert session.connection().exec_driver_sql("PRAGMA synchronous").scalar() == 2  # FULL
