@@ -7,6 +7,7 @@ Mirrors `slurm-aigc policy check`. Sections owned by other packages (`reclaim`, 
 from __future__ import annotations
 
 import importlib
+import math
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -27,12 +28,13 @@ from slurm_aigc.policy.model import (
     Policy,
     Rewrites,
     ShardRule,
+    StorageConfig,
     Toggle,
     VramFitRule,
 )
 from slurm_aigc.validation import Node, get, mapping, optional, string_list
 
-TOP_LEVEL = {"inventory", "classes", "detection", "rewrites", "hook", "reclaim", "scoring", "agent"}
+TOP_LEVEL = {"inventory", "classes", "detection", "rewrites", "hook", "storage", "reclaim", "scoring", "agent"}
 # section -> (module, parser) of the packages that own it.
 FOREIGN_SECTIONS: dict[str, tuple[str, str]] = {
     "reclaim": ("slurm_aigc.reclaim.config", "parse_reclaim_section"),
@@ -73,8 +75,9 @@ def parse_policy(root: Node) -> Policy:
     detection = _detection(_child(root, "detection"), known)
     rewrites = _rewrites(_child(root, "rewrites"), known)
     hook = _hook(_child(root, "hook"), known)
+    storage = _storage(_child(root, "storage"))
     sections = {name: _foreign(root, name) for name in FOREIGN_SECTIONS if name in root.value}
-    return Policy(root.source, inventory, classes, detection, rewrites, hook, sections)
+    return Policy(root.source, inventory, classes, detection, rewrites, hook, storage, sections)
 
 
 def _child(node: Node, key: str) -> Node:
@@ -263,6 +266,14 @@ def _hook(node: Node, known: set[str]) -> HookSettings:
         untouched_classes=untouched,
         comment_class_key=key,
     )
+
+
+def _storage(node: Node) -> StorageConfig:
+    mapping(node, {"raw_retention_hours"})
+    hours = get(node, "raw_retention_hours", float, StorageConfig.raw_retention_hours)
+    if not math.isfinite(hours) or hours <= 0:
+        raise node.child("raw_retention_hours").error(f"expected a positive number of hours, got {hours}")
+    return StorageConfig(hours)
 
 
 def _foreign(root: Node, name: str) -> object:

@@ -112,6 +112,15 @@ class HookSettings:
 
 
 @dataclass(frozen=True)
+class StorageConfig:
+    """The `storage:` section: how long the state database keeps what."""
+
+    # Raw per-GPU samples older than this are rolled up and deleted; the reclaim windows
+    # (reclaim.*.window_s) and `slurm-aigc report` of recent jobs need less than this.
+    raw_retention_hours: float = 48.0
+
+
+@dataclass(frozen=True)
 class Policy:
     source: str
     inventory: Inventory
@@ -119,5 +128,6 @@ class Policy:
     detection: tuple[DetectionRule, ...]
     rewrites: Rewrites
     hook: HookSettings
+    storage: StorageConfig = StorageConfig()
     # Typed configs of the sections other packages own (reclaim, scoring, agent), when importable.
     sections: Mapping[str, object] = field(default_factory=dict)

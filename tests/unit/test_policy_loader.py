@@ -79,3 +79,15 @@ def test_optional_sections_default() -> None:
     assert policy.detection == ()
     assert policy.rewrites.shard.classes == ("infer",)  # defaults filtered to the classes that exist
     assert policy.inventory.gpu_types[0].shards_per_gpu == 0 and not policy.inventory.gpu_types[0].nvlink
+
+
+def test_storage_retention_defaults_and_is_validated() -> None:
+    assert load_policy(shipped_policy()).storage.raw_retention_hours == 48.0
+    document = shipped()
+    del document["storage"]
+    assert parse(document).storage.raw_retention_hours == 48.0
+    for bad in (0, -1, float("nan"), float("inf"), "2d"):
+        document["storage"] = {"raw_retention_hours": bad}
+        with pytest.raises(ConfigError) as caught:
+            parse(document)
+        assert caught.value.key_path == "storage.raw_retention_hours"
