@@ -3,12 +3,15 @@
 Handles: tab- or space-separated output (old drivers emit tabs, copies often carry the
 space-expanded form), the pre-2018 `SOC` legend (read as `SYS`), `CPU Affinity`,
 `NUMA Affinity` and `GPU NUMA ID` columns, NIC rows named by device (`mlx5_0`) or as
-`NIC#` with a `NIC Legend`, `N/A` and empty cells, ANSI underline escapes around the
-header (also in their mangled `\\ufffd[4m` form), headers whose whitespace was collapsed,
-lost or wrapped onto a second line.
+`NIC#` (renamed by a `NIC Legend` when there is one, kept as `NIC#` when there is none),
+`N/A` and empty cells (in the one-tab-per-cell layout an empty cell is an empty field, as
+a job restricted to some cores prints an empty CPU Affinity), ANSI underline escapes
+around the header (also in their mangled `\\ufffd[4m` form), headers whose whitespace was
+collapsed, lost or wrapped onto a second line.
 
 The row labels are the authority on device names: a header must name the same devices
-in the same order (joined names such as `GPU0GPU1` are split along the row labels), the
+in the same order (joined names such as `GPU0GPU1` are split along the row labels; a
+header may stop short of trailing NIC columns, as outputs with many NICs print), the
 matrix must be square, symmetric and have `X` on its diagonal. Anything else is a
 `TopologyParseError` naming the line and what was wrong, never a silently wrong answer.
 """
@@ -161,6 +164,7 @@ class _Row:
     cells: tuple[str, ...]  # every token after the label: matrix cells, then affinity values
     cell_starts: tuple[int, ...]  # tab-expanded start column of each cell
     line: _Line
+    tab_fields: tuple[str, ...] | None = None  # the cells split on tabs, stripped; None without tabs
 
 
 def parse_topo_matrix(text: str) -> TopologyMatrix:
@@ -269,7 +273,9 @@ def _parse_row(line: _Line) -> _Row:
     label = spans[0][0]
     cells = [token for token, _ in spans[1:]]
     starts = [start for _, start in spans[1:]]
-    return _Row(label, tuple(cells), tuple(starts), line)
+    split = [field.strip() for field in line.text.split("\t")]
+    fields = tuple(split[1:]) if len(split) > 1 and split[0] == label else None
+    return _Row(label, tuple(cells), tuple(starts), line, fields)
 
 
 def _check_labels(rows: list[_Row]) -> list[str]:
@@ -294,8 +300,9 @@ def _check_header_devices(header: _Header, labels: list[str]) -> None:
             raise TopologyParseError(
                 f"line {header.line.number}: header column {token!r} does not match the rows (expected {expected!r})"
             )
-    if pending:
+    if any(_GPU_LABEL_RE.match(label) for label in pending):
         raise TopologyParseError(f"line {header.line.number}: header lacks columns for rows {', '.join(pending)}")
+    # Trailing NIC columns may be missing (many NICs): the rows, checked square and symmetric, name them.
 
 
 def _parse_links(rows: list[_Row], labels: list[str]) -> dict[str, dict[str, Link]]:
@@ -357,7 +364,7 @@ def _device_names(labels: list[str], legend: Mapping[str, str]) -> dict[str, str
     """Row label -> device name: `NIC0` becomes its legend name, others stay."""
     names: dict[str, str] = {}
     for label in labels:
-        if _NIC_ALIAS_RE.match(label):
+        if _NIC_ALIAS_RE.match(label) and legend:  # no legend at all: the NIC keeps its `NIC#` name
             if label not in legend:
                 raise TopologyParseError(f"row {label} has no entry in the NIC Legend (truncated output?)")
             names[label] = legend[label]
@@ -388,7 +395,10 @@ def _affinity_values(row: _Row, header: _Header, size: int) -> dict[str, str | N
     where = f"line {row.line.number}: row {row.label}"
     if len(extra) > len(header.columns):
         raise TopologyParseError(f"{where} has {len(extra)} values after the matrix for {len(header.columns)} column(s)")
-    if len(extra) == len(header.columns):
+    by_field = _tab_field_values(row, size, len(header.columns))
+    if by_field is not None:
+        placed = list(zip(header.columns, by_field))
+    elif len(extra) == len(header.columns):
         placed = list(zip(header.columns, extra))
     else:
         placed = _place_by_position(row, header, size, where)
@@ -396,6 +406,22 @@ def _affinity_values(row: _Row, header: _Header, size: int) -> dict[str, str | N
     for column, value in placed:
         result[_AFFINITY_COLUMNS[column]] = None if value in _MISSING else value
     return result
+
+
+def _tab_field_values(row: _Row, size: int, columns: int) -> tuple[str, ...] | None:
+    """The values after the matrix when the row has exactly one tab per cell, else None.
+
+    Older drivers print one tab between cells, so an empty cell is an empty field and
+    column positions after a wide header name mean nothing. Rows padded with extra tabs
+    (more fields than columns, or empty matrix fields) are left to the other rules.
+    """
+    fields = row.tab_fields
+    if fields is None or len(fields) > size + columns or fields[:size] != row.cells[:size]:
+        return None
+    tail = fields[size:]
+    if any(len(value.split()) > 1 for value in tail):
+        return None  # values separated by spaces, not tabs
+    return tail
 
 
 def _place_by_position(row: _Row, header: _Header, size: int, where: str) -> list[tuple[str, str]]:

@@ -202,6 +202,34 @@ def test_empty_cell_is_placed_by_column_position() -> None:
     assert matrix.nvlink_islands() == [[0, 1, 2, 3], [4, 5, 6, 7]]
 
 
+def test_tab_separated_empty_cpu_affinity_keeps_the_numa_node_in_its_column() -> None:
+    """One tab per cell: an empty CPU Affinity (cores outside the job's cpuset) is an empty field."""
+    matrix = parse_topo_matrix(read(OWN_TOPO / "synthetic-4gpu-2nic-tabs-empty-cpu-affinity-cgroup.txt"))
+    assert [(g.cpu_affinity, g.numa_affinity) for g in matrix.gpus] == [("0-15", "0"), ("0-15", "0"), (None, "1"), (None, "1")]
+    assert matrix.nics == ("mlx5_0", "mlx5_1")
+    assert matrix.nvlink_islands() == [[0, 1], [2, 3]]
+
+
+def test_nic_rows_without_a_nic_legend_keep_their_nic_names() -> None:
+    document = parse_topo_matrix(read(OWN_TOPO / "synthetic-a100-8gpu-3nic-no-nic-legend.txt")).to_json()
+    assert document["nics"] == ["NIC0", "NIC1", "NIC2"]
+    assert document["links"]["GPU4"]["NIC1"] == "PXB" and document["links"]["NIC1"]["NIC2"] == "NODE"
+    assert document["gpus"][4] == {"index": 4, "cpu_affinity": "32-63,96-127", "numa_affinity": "1"}
+
+
+def test_more_nic_rows_than_header_columns_are_read_by_their_row_labels() -> None:
+    matrix = parse_topo_matrix(read(OWN_TOPO / "synthetic-4gpu-10nic-no-nic-legend-short-header.txt"))
+    assert matrix.nics == tuple(f"NIC{i}" for i in range(10))
+    assert matrix.link("GPU1", "NIC9") == Link(LinkLevel.PXB) and matrix.link("NIC8", "NIC9") == Link(LinkLevel.PIX)
+    assert [(g.cpu_affinity, g.numa_affinity) for g in matrix.gpus][2:] == [("32-63", "1"), ("32-63", "1")]
+
+
+def test_header_lacking_a_gpu_column_is_still_refused() -> None:
+    text = read(OWN_TOPO / "synthetic-4gpu-10nic-no-nic-legend-short-header.txt").replace("GPU3    NIC0", "NIC0", 1)
+    with pytest.raises(TopologyParseError, match="header column 'NIC0'"):
+        parse_topo_matrix(text)
+
+
 def test_shell_prompt_before_the_header_is_ignored() -> None:
     text = "user@gpu01:~$ srun --gres=gpu:4 nvidia-smi topo -m\n" + sim_topology_text(4, nvlink=True)
     assert parse_topo_matrix(text) == parse_topo_matrix(sim_topology_text(4, nvlink=True))
@@ -255,8 +283,13 @@ codes = st.sampled_from(["SYS", "SOC", "NODE", "PHB", "PXB", "PIX", "NV1", "NV2"
 def matrices(draw: st.DrawFn) -> tuple[int, dict[tuple[int, int], str], bool, list[tuple[str, str]]]:
     n = draw(st.integers(min_value=1, max_value=8))
     links = {(a, b): draw(codes) for a in range(n) for b in range(a + 1, n)}
-    affinity = [(f"{i * 4}-{i * 4 + 3}", draw(st.sampled_from(["0", "1", "N/A"]))) for i in range(n)]
-    return n, links, draw(st.booleans()), affinity
+    tabs = draw(st.booleans())
+    cpu_choices = ["{}", ""] if tabs else ["{}"]  # one tab per cell: an empty CPU Affinity is an empty field
+    affinity = [
+        (draw(st.sampled_from(cpu_choices)).format(f"{i * 4}-{i * 4 + 3}"), draw(st.sampled_from(["0", "1", "N/A"])))
+        for i in range(n)
+    ]
+    return n, links, tabs, affinity
 
 
 @settings(max_examples=60, deadline=None)
@@ -267,6 +300,7 @@ def test_rendered_matrix_parses_back(case: tuple[int, dict[tuple[int, int], str]
     for (a, b), code in links.items():
         assert matrix.gpu_link(a, b) == parse_link(code)
     assert [g.numa_affinity for g in matrix.gpus] == [None if v == "N/A" else v for _, v in affinity]
+    assert [g.cpu_affinity for g in matrix.gpus] == [v or None for v, _ in affinity]
     nv_edges = [(a, b) for (a, b), code in links.items() if code.startswith("NV")]
     assert matrix.nvlink_islands() == connected_components(range(n), nv_edges)
 
