@@ -1,40 +1,52 @@
 """The database boundary: the only module that defines tables and opens engines.
 
-SQLite file by default, a site MariaDB/PostgreSQL by SQLAlchemy URL. `open_database`
-creates the schema and applies migrations (recorded in `schema_version`), so an upgrade of
-slurm-aigc needs no manual step.
+SQLite file for a single host; on a cluster of many hosts a MariaDB/MySQL or PostgreSQL
+server by SQLAlchemy URL (drivers: the `[mysql]` and `[postgresql]` extras). The URL comes
+from `--db`, `$SLURM_AIGC_DB_URL`, a credentials file (`$SLURM_AIGC_DB_URL_FILE`, else
+/etc/slurm-aigc/db.url) that must be private to the daemon user, else the SQLite default.
+`open_database` creates the schema and applies the ordered migrations under a lock that
+every daemon starting at the same moment takes in turn (recorded in `schema_version`), so
+an upgrade of slurm-aigc needs no manual step and keeps existing rows. Passwords never
+appear in messages: `mask_url`.
 """
 
 from __future__ import annotations
 
+import fcntl
+import logging
 import os
-from collections.abc import Callable, Iterator
+import random
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import (
     Boolean,
-    Float,
+    Double,
     Integer,
     String,
     Text,
+    UniqueConstraint,
     create_engine,
     event,
+    insert,
+    inspect,
     select,
+    text,
+    update,
 )
-from sqlalchemy.engine import Engine
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 from slurm_aigc.errors import DatabaseError
 
 DEFAULT_DB_URL = "sqlite:////var/lib/slurm-aigc/state.db"
-SCHEMA_VERSION = 1
-
-
-def default_url() -> str:
-    """`SLURM_AIGC_DB_URL` when set, else the SQLite file under /var/lib/slurm-aigc."""
-    return os.environ.get("SLURM_AIGC_DB_URL", DEFAULT_DB_URL)
+DEFAULT_URL_FILE = Path("/etc/slurm-aigc/db.url")
+SCHEMA_VERSION = 2
+LOG = logging.getLogger(__name__)
 
 
 class Base(DeclarativeBase):
@@ -52,19 +64,19 @@ class GpuSample(Base):
 
     __tablename__ = "gpu_samples"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    ts: Mapped[float] = mapped_column(Float, index=True)
+    ts: Mapped[float] = mapped_column(Double, index=True)
     node: Mapped[str] = mapped_column(String(128), index=True)
     gpu_index: Mapped[int] = mapped_column(Integer)
     uuid: Mapped[str | None] = mapped_column(String(64), nullable=True)
     name: Mapped[str | None] = mapped_column(String(128), nullable=True)
     lost: Mapped[bool] = mapped_column(Boolean, default=False)
-    memory_total_mib: Mapped[float | None] = mapped_column(Float, nullable=True)
-    memory_used_mib: Mapped[float | None] = mapped_column(Float, nullable=True)
-    sm_util_pct: Mapped[float | None] = mapped_column(Float, nullable=True)
-    mem_bw_util_pct: Mapped[float | None] = mapped_column(Float, nullable=True)
-    power_draw_w: Mapped[float | None] = mapped_column(Float, nullable=True)
-    power_limit_w: Mapped[float | None] = mapped_column(Float, nullable=True)
-    temperature_c: Mapped[float | None] = mapped_column(Float, nullable=True)
+    memory_total_mib: Mapped[float | None] = mapped_column(Double, nullable=True)
+    memory_used_mib: Mapped[float | None] = mapped_column(Double, nullable=True)
+    sm_util_pct: Mapped[float | None] = mapped_column(Double, nullable=True)
+    mem_bw_util_pct: Mapped[float | None] = mapped_column(Double, nullable=True)
+    power_draw_w: Mapped[float | None] = mapped_column(Double, nullable=True)
+    power_limit_w: Mapped[float | None] = mapped_column(Double, nullable=True)
+    temperature_c: Mapped[float | None] = mapped_column(Double, nullable=True)
 
 
 class ProcessSample(Base):
@@ -72,13 +84,13 @@ class ProcessSample(Base):
 
     __tablename__ = "process_samples"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    ts: Mapped[float] = mapped_column(Float, index=True)
+    ts: Mapped[float] = mapped_column(Double, index=True)
     node: Mapped[str] = mapped_column(String(128), index=True)
     gpu_index: Mapped[int] = mapped_column(Integer)
     pid: Mapped[int] = mapped_column(Integer)
     job_id: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
-    used_memory_mib: Mapped[float | None] = mapped_column(Float, nullable=True)
-    sm_util_pct: Mapped[float | None] = mapped_column(Float, nullable=True)
+    used_memory_mib: Mapped[float | None] = mapped_column(Double, nullable=True)
+    sm_util_pct: Mapped[float | None] = mapped_column(Double, nullable=True)
 
 
 class JobGpuSample(Base):
@@ -86,15 +98,15 @@ class JobGpuSample(Base):
 
     __tablename__ = "job_gpu_samples"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    ts: Mapped[float] = mapped_column(Float, index=True)
+    ts: Mapped[float] = mapped_column(Double, index=True)
     node: Mapped[str] = mapped_column(String(128))
     job_id: Mapped[str] = mapped_column(String(32), index=True)
     gpu_index: Mapped[int] = mapped_column(Integer)
-    sm_util_pct: Mapped[float | None] = mapped_column(Float, nullable=True)
-    memory_used_mib: Mapped[float | None] = mapped_column(Float, nullable=True)
-    memory_total_mib: Mapped[float | None] = mapped_column(Float, nullable=True)
-    power_draw_w: Mapped[float | None] = mapped_column(Float, nullable=True)
-    power_limit_w: Mapped[float | None] = mapped_column(Float, nullable=True)
+    sm_util_pct: Mapped[float | None] = mapped_column(Double, nullable=True)
+    memory_used_mib: Mapped[float | None] = mapped_column(Double, nullable=True)
+    memory_total_mib: Mapped[float | None] = mapped_column(Double, nullable=True)
+    power_draw_w: Mapped[float | None] = mapped_column(Double, nullable=True)
+    power_limit_w: Mapped[float | None] = mapped_column(Double, nullable=True)
     shared: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
@@ -103,7 +115,7 @@ class NodePublication(Base):
 
     __tablename__ = "node_publications"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    ts: Mapped[float] = mapped_column(Float, index=True)
+    ts: Mapped[float] = mapped_column(Double, index=True)
     node: Mapped[str] = mapped_column(String(128), index=True)
     features_before: Mapped[str | None] = mapped_column(Text, nullable=True)
     features_after: Mapped[str | None] = mapped_column(Text, nullable=True)
@@ -123,8 +135,8 @@ class ActionRecord(Base):
     __tablename__ = "actions"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     observation_key: Mapped[str] = mapped_column(String(255), unique=True)
-    ts_intent: Mapped[float] = mapped_column(Float, index=True)
-    ts_outcome: Mapped[float | None] = mapped_column(Float, nullable=True)
+    ts_intent: Mapped[float] = mapped_column(Double, index=True)
+    ts_outcome: Mapped[float | None] = mapped_column(Double, nullable=True)
     job_id: Mapped[str] = mapped_column(String(32), index=True)
     user: Mapped[str | None] = mapped_column(String(64), nullable=True)
     account: Mapped[str | None] = mapped_column(String(64), nullable=True)
@@ -137,28 +149,279 @@ class ActionRecord(Base):
     detail: Mapped[str] = mapped_column(Text, default="")
     gpus_before: Mapped[int | None] = mapped_column(Integer, nullable=True)
     gpus_after: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    gpu_hours_recovered: Mapped[float | None] = mapped_column(Float, nullable=True)
+    gpu_hours_recovered: Mapped[float | None] = mapped_column(Double, nullable=True)
 
 
-# Migrations from version N to N+1; each runs inside one transaction.
-MIGRATIONS: dict[int, Callable[[Engine], None]] = {}
+class JobGpuRollup(Base):
+    """One job's use of one GPU over one hour, kept after its raw samples are deleted (`retention`).
+
+    `used_gpu_s` and `known_s` are sums over the hour's sample slices (see
+    `report.samples.slices`), so reports over rolled-up hours give the same totals as the raw rows.
+    """
+
+    __tablename__ = "job_gpu_rollups"
+    __table_args__ = (UniqueConstraint("bucket_ts", "job_id", "node", "gpu_index"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    bucket_ts: Mapped[float] = mapped_column(Double, index=True)
+    job_id: Mapped[str] = mapped_column(String(32), index=True)
+    node: Mapped[str] = mapped_column(String(128))
+    gpu_index: Mapped[int] = mapped_column(Integer)
+    first_ts: Mapped[float] = mapped_column(Double)
+    samples: Mapped[int] = mapped_column(Integer)
+    duration_s: Mapped[float] = mapped_column(Double)
+    known_s: Mapped[float] = mapped_column(Double)
+    used_gpu_s: Mapped[float] = mapped_column(Double)
+    memory_used_mib_max: Mapped[float | None] = mapped_column(Double, nullable=True)
+    memory_total_mib: Mapped[float | None] = mapped_column(Double, nullable=True)
 
 
-def open_database(url: str | None = None) -> sessionmaker[Session]:
-    """Open (and create/migrate) the database at `url`; raise DatabaseError naming the URL."""
-    url = url or default_url()
-    engine = _engine(url)
-    for attempt in range(3):
+class RetentionState(Base):
+    """How far raw samples are rolled up: rows older than `rolled_until` may be deleted."""
+
+    __tablename__ = "retention_state"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    rolled_until: Mapped[float] = mapped_column(Double)
+
+
+# The tables an agent writes (and all it may write): see `AGENT_GRANTS` and docs/deploy.md.
+SAMPLE_TABLES = ("gpu_samples", "process_samples", "job_gpu_samples")
+
+
+# ---------------------------------------------------------------- credentials
+
+def default_url() -> str:
+    """`$SLURM_AIGC_DB_URL`, else the credentials file ($SLURM_AIGC_DB_URL_FILE or
+    /etc/slurm-aigc/db.url when present), else the SQLite file under /var/lib/slurm-aigc."""
+    if os.environ.get("SLURM_AIGC_DB_URL"):
+        return os.environ["SLURM_AIGC_DB_URL"]
+    named = os.environ.get("SLURM_AIGC_DB_URL_FILE")
+    if named:
+        return read_url_file(Path(named))
+    if DEFAULT_URL_FILE.exists():
+        return read_url_file(DEFAULT_URL_FILE)
+    return DEFAULT_DB_URL
+
+
+def resolve_url(value: str | None) -> str:
+    """What `--db` means: a URL (contains `://`), a credentials file's path, or None for the default."""
+    if not value:
+        return default_url()
+    if "://" in value:
+        return value
+    return read_url_file(Path(value))
+
+
+def read_url_file(path: Path) -> str:
+    """The URL in a credentials file: one line (`#` comments allowed), private to its reader.
+
+    The file must be mode 0600 or 0400 and owned by the user reading it (or read by root):
+    the agent's URL sits on every compute node, where users log in.
+    """
+    try:
+        info = path.stat()
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as error:
+        raise DatabaseError(f"cannot read database credentials file {path}: {error.strerror}") from error
+    if info.st_mode & 0o077:
+        raise DatabaseError(f"database credentials file {path} is mode {info.st_mode & 0o777:04o}; "
+                            f"it must be 0600 or 0400 (chmod 600 {path})")
+    if os.geteuid() not in (0, info.st_uid):
+        raise DatabaseError(f"database credentials file {path} is owned by uid {info.st_uid}, "
+                            f"not by the daemon user (uid {os.geteuid()}): chown it")
+    urls = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    if len(urls) != 1 or "://" not in urls[0]:
+        raise DatabaseError(f"database credentials file {path} must hold exactly one SQLAlchemy URL "
+                            "(e.g. mysql+pymysql://USER:PASSWORD@HOST/slurm_aigc)")
+    return urls[0]
+
+
+def write_url_file(path: Path, url: str) -> None:
+    """Write a credentials file readable only by its owner (created 0600, never world-readable)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+        handle.write(url + "\n")
+    path.chmod(0o600)
+
+
+def mask_url(url: str) -> str:
+    """The URL with its password replaced by `***` (for logs and messages)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "<unparsable database URL>"
+
+
+def scrub(message: str, url: str) -> str:
+    """`message` with the URL's password (plain or URL-quoted) replaced by `***`."""
+    try:
+        password = make_url(url).password
+    except ArgumentError:
+        return message
+    if password:
+        from urllib.parse import quote_plus
+        for form in {str(password), quote_plus(str(password))}:
+            message = message.replace(form, "***")
+    return message
+
+
+# ---------------------------------------------------------------- opening
+
+@dataclass(frozen=True)
+class StartupRetry:
+    """Retries of schema creation while other daemons hold the lock or the server starts."""
+
+    attempts: int = 12
+    first_delay_s: float = 0.1
+    max_delay_s: float = 5.0
+    lock_timeout_s: int = 120
+    sleep: Callable[[float], None] = time.sleep
+
+    def delay_s(self, attempt: int) -> float:
+        # Jittered exponential backoff: daemons that failed together do not retry together.
+        return float(min(self.max_delay_s, self.first_delay_s * 2 ** attempt) * random.uniform(0.5, 1.5))
+
+
+def open_database(url: str | None = None, retry: StartupRetry = StartupRetry()) -> sessionmaker[Session]:
+    """Open (and create/migrate) the database at `url` (see `resolve_url`); DatabaseError names the masked URL."""
+    url = resolve_url(url)
+    try:
+        engine = _engine(url)
+    except (ArgumentError, ImportError) as error:
+        raise DatabaseError(f"cannot open database {mask_url(url)}: {scrub(str(error), url)}") from error
+    for attempt in range(retry.attempts):
         try:
-            Base.metadata.create_all(engine)
-            _migrate(engine)
+            ensure_schema(engine, retry.lock_timeout_s)
             break
+        except DBAPIError as error:
+            if _permission_denied(error):
+                raise DatabaseError(f"database {mask_url(url)}: this role may not create or upgrade the schema "
+                                    f"(start the controller, or run `slurm-aigc doctor`): {_short(error, url)}") from error
+            if attempt == retry.attempts - 1:
+                raise DatabaseError(f"cannot open database {mask_url(url)}: {_short(error, url)}") from error
+            LOG.info("database %s not ready (%s); retrying", mask_url(url), _short(error, url))
+            retry.sleep(retry.delay_s(attempt))
         except SQLAlchemyError as error:
-            # Two daemons creating a new SQLite file at once: the loser sees "already exists".
-            if attempt == 2:
-                raise DatabaseError(f"cannot open database {_redact(url)}: {error}") from error
+            raise DatabaseError(f"cannot open database {mask_url(url)}: {_short(error, url)}") from error
     return sessionmaker(engine, expire_on_commit=False)
 
+
+def schema_version(engine: Engine) -> int | None:
+    """The version recorded in the database; None when there is no schema yet (read-only)."""
+    with engine.connect() as connection:
+        if not inspect(connection).has_table(SchemaVersion.__tablename__):
+            return None
+        value = connection.scalar(select(SchemaVersion.version).where(SchemaVersion.id == 1))
+    return None if value is None else int(value)
+
+
+def ensure_schema(engine: Engine, lock_timeout_s: int = 120) -> None:
+    """Create the tables and apply migrations once, whoever else starts at the same moment.
+
+    The common case (schema current) only reads one row, so an agent needs no DDL right.
+    """
+    current = schema_version(engine)
+    if current == SCHEMA_VERSION:
+        return
+    if current is not None and current > SCHEMA_VERSION:
+        raise DatabaseError(f"database schema is version {current}, newer than this slurm-aigc "
+                            f"(version {SCHEMA_VERSION}): upgrade slurm-aigc")
+    with _schema_lock(engine, lock_timeout_s):
+        _create_and_migrate(engine)
+
+
+def _create_and_migrate(engine: Engine) -> None:
+    existing = schema_version(engine)  # again: another daemon may have finished while we waited
+    if existing == SCHEMA_VERSION:
+        return
+    if existing is None and inspect(engine).has_table(GpuSample.__tablename__):
+        existing = 1  # a version-1 database whose version row was lost in the old start-up race
+    Base.metadata.create_all(engine)  # CREATE TABLE only for missing tables
+    version = existing if existing is not None else SCHEMA_VERSION
+    for target, step in MIGRATIONS:
+        if version < target:
+            with engine.begin() as connection:
+                step(connection)
+            version = target
+            _set_version(engine, version)
+            LOG.info("database migrated to schema version %d", version)
+    _set_version(engine, version)
+
+
+def _set_version(engine: Engine, version: int) -> None:
+    with engine.begin() as connection:
+        updated = connection.execute(update(SchemaVersion).where(SchemaVersion.id == 1).values(version=version))
+        if updated.rowcount == 0:
+            try:
+                with connection.begin_nested():
+                    connection.execute(insert(SchemaVersion).values(id=1, version=version))
+            except IntegrityError:
+                pass  # inserted by a daemon that took no lock (an older slurm-aigc)
+
+
+@contextmanager
+def _schema_lock(engine: Engine, timeout_s: int) -> Iterator[None]:
+    """A lock across processes and hosts: GET_LOCK (MariaDB/MySQL), an advisory lock
+    (PostgreSQL), flock on a file next to the SQLite database."""
+    dialect = engine.dialect.name
+    if dialect == "sqlite":
+        with _file_lock(engine):
+            yield
+        return
+    with engine.connect() as connection:
+        if dialect in ("mysql", "mariadb"):
+            got = connection.scalar(text("SELECT GET_LOCK('slurm_aigc_schema', :t)"), {"t": timeout_s})
+            if got != 1:
+                raise DatabaseError(f"timed out after {timeout_s} s waiting for the schema lock (GET_LOCK)")
+        elif dialect == "postgresql":
+            connection.execute(text("SELECT pg_advisory_lock(7161723)"))
+        try:
+            yield
+        finally:
+            if dialect in ("mysql", "mariadb"):
+                connection.execute(text("SELECT RELEASE_LOCK('slurm_aigc_schema')"))
+            elif dialect == "postgresql":
+                connection.execute(text("SELECT pg_advisory_unlock(7161723)"))
+            connection.commit()
+
+
+@contextmanager
+def _file_lock(engine: Engine) -> Iterator[None]:
+    database = engine.url.database
+    if not database or database == ":memory:":
+        yield
+        return
+    with open(f"{database}.schema-lock", "a+b") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+# ---------------------------------------------------------------- migrations
+
+def _v2_double_precision(connection: Connection) -> None:
+    """Version 2: floats in double precision (MySQL's FLOAT is single: a Unix time lost ~2 minutes);
+    new tables (rollups, retention state) come from create_all."""
+    if connection.dialect.name not in ("mysql", "mariadb"):
+        return  # SQLite REAL and PostgreSQL FLOAT are already double precision
+    for table in Base.metadata.sorted_tables:
+        if table.name in ("job_gpu_rollups", "retention_state"):
+            continue
+        for column in table.columns:
+            if isinstance(column.type, Double):
+                null = "NULL" if column.nullable else "NOT NULL"
+                connection.execute(text(f"ALTER TABLE {table.name} MODIFY {column.name} DOUBLE {null}"))
+
+
+# (target version, step) in order; each step runs in one transaction and keeps every row.
+MIGRATIONS: Sequence[tuple[int, Callable[[Connection], None]]] = (
+    (2, _v2_double_precision),
+)
+
+
+# ---------------------------------------------------------------- sessions
 
 @contextmanager
 def transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
@@ -169,9 +432,16 @@ def transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
         session.commit()
     except SQLAlchemyError as error:
         session.rollback()
-        raise DatabaseError(f"database error: {error}") from error
+        url = session.get_bind().engine.url.render_as_string(hide_password=False)
+        raise DatabaseError(f"database error: {_short(error, url)}") from error
     finally:
         session.close()
+
+
+def dialect_name(factory: sessionmaker[Session]) -> str:
+    """`sqlite`, `mysql`/`mariadb` or `postgresql`."""
+    with factory() as session:
+        return session.get_bind().dialect.name
 
 
 def _engine(url: str) -> Engine:
@@ -182,6 +452,9 @@ def _engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"timeout": 30})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
+    if url.startswith(("mysql", "mariadb")):
+        # READ COMMITTED: retention's batched deletes take no gap locks that block the agents' inserts.
+        return create_engine(url, pool_pre_ping=True, pool_recycle=3600, isolation_level="READ COMMITTED")
     return create_engine(url, pool_pre_ping=True)
 
 
@@ -189,23 +462,31 @@ def _sqlite_pragmas(connection: object, _record: object) -> None:
     # WAL lets the agents write samples while the controller and reports read.
     cursor = connection.cursor()  # type: ignore[attr-defined]
     cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=FULL")  # NORMAL can lose a recorded intent on power loss
+    cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.close()
 
 
-def _migrate(engine: Engine) -> None:
-    with Session(engine) as session, session.begin():
-        row = session.scalar(select(SchemaVersion).limit(1))
-        if row is None:
-            session.add(SchemaVersion(id=1, version=SCHEMA_VERSION))
-            return
-        while row.version < SCHEMA_VERSION:
-            MIGRATIONS[row.version](engine)
-            row.version += 1
+# MySQL: 1044 access denied to database, 1142 command denied on table, 1227 need privilege.
+# PostgreSQL: 42501 insufficient_privilege.
+_DENIED_CODES = {1044, 1142, 1143, 1227}
 
 
-def _redact(url: str) -> str:
-    if "@" in url and "://" in url:
-        scheme, rest = url.split("://", 1)
-        return f"{scheme}://***@{rest.split('@', 1)[1]}"
-    return url
+def _permission_denied(error: DBAPIError) -> bool:
+    original = error.orig
+    args = getattr(original, "args", ())
+    if args and isinstance(args[0], int) and args[0] in _DENIED_CODES:
+        return True
+    return getattr(original, "sqlstate", None) == "42501" or getattr(original, "pgcode", None) == "42501"
+
+
+def is_permission_denied(error: BaseException) -> bool:
+    """The database refused a statement for lack of a privilege (the role's grants)."""
+    cause = error.__cause__ if isinstance(error, DatabaseError) else error
+    return isinstance(cause, DBAPIError) and _permission_denied(cause)
+
+
+def _short(error: SQLAlchemyError, url: str) -> str:
+    # The driver's message without SQLAlchemy's SQL echo and background link; password scrubbed.
+    original = getattr(error, "orig", None)
+    message = str(original) if original is not None else str(error)
+    return scrub(message.splitlines()[0] if message else type(error).__name__, url)
