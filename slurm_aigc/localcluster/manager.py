@@ -354,17 +354,27 @@ class LocalCluster:
         self.progress("slurmdbd: up")
 
     def _ensure_accounting(self) -> None:
-        """Cluster, account and test users in slurmdbd (idempotent)."""
-        def sacctmgr(*args: str) -> None:
-            result = _run(["sacctmgr", "-i", *args], check=False, timeout_s=60)
-            text = result.stdout + result.stderr
-            if result.returncode != 0 and "already exist" not in text and "Nothing new added" not in text:
-                raise ClusterError(f"sacctmgr {' '.join(args)}: {text.strip()}")
-        sacctmgr("add", "cluster", config.CLUSTER_NAME)
-        sacctmgr("add", "account", config.ACCOUNT, f"cluster={config.CLUSTER_NAME}", "Description=slurm-aigc local")
-        for user in (*config.TEST_USERS, "root"):
-            sacctmgr("add", "user", user, f"account={config.ACCOUNT}", f"cluster={config.CLUSTER_NAME}")
+        """Cluster, account and test users in slurmdbd: asks sacctmgr what exists, adds the rest.
+
+        Decides on `sacctmgr -nP show` output, never on the wording of `add`'s messages, which
+        changed in 24.11 ("Already existing account ...", "Nothing added.", exit 1).
+        """
+        for argv in accounting_additions(*self._accounting_listing()):
+            result = _run(["sacctmgr", "-i", *argv], check=False, timeout_s=60)
+            if result.returncode != 0:
+                self.progress(f"accounting: sacctmgr {' '.join(argv)} exited {result.returncode}; re-checking")
+        still = accounting_additions(*self._accounting_listing())
+        if still:
+            raise ClusterError("sacctmgr could not add: " + "; ".join(" ".join(argv) for argv in still))
         self.progress("accounting: cluster, account and users present")
+
+    @staticmethod
+    def _accounting_listing() -> tuple[str, str]:
+        """`sacctmgr -nP show cluster format=cluster` and `... show assoc format=cluster,account,user`."""
+        clusters = _run(["sacctmgr", "-nP", "show", "cluster", "format=cluster"], timeout_s=60).stdout
+        assocs = _run(["sacctmgr", "-nP", "show", "assoc", "format=cluster,account,user",
+                       f"where cluster={config.CLUSTER_NAME}"], timeout_s=60).stdout
+        return clusters, assocs
 
     def _start_slurmctld(self, layout: config.Layout) -> None:
         env = dict(os.environ, SLURM_CONF=str(layout.slurm_conf))
@@ -429,6 +439,26 @@ class LocalCluster:
     def _write_simgpu(self, shape: ClusterShape) -> None:
         from slurm_aigc.localcluster.simgpu_inventory import write_inventories
         write_inventories(shape, self.simgpu_dir)
+
+
+def accounting_additions(clusters: str, assocs: str) -> list[list[str]]:
+    """The `sacctmgr add ...` argv lists that bring accounting to our cluster, account and users.
+
+    `clusters` is `sacctmgr -nP show cluster format=cluster`; `assocs` is `sacctmgr -nP show assoc
+    format=cluster,account,user` (`cluster|account|user`, user empty for the account's own row);
+    the same on 22.05 through 24.11.
+    """
+    have_clusters = {line.strip() for line in clusters.splitlines() if line.strip()}
+    have_assocs = {tuple(line.split("|")[:3]) for line in assocs.splitlines() if line.count("|") >= 2}
+    cluster, account = config.CLUSTER_NAME, config.ACCOUNT
+    argvs: list[list[str]] = []
+    if cluster not in have_clusters:
+        argvs.append(["add", "cluster", cluster])
+    if (cluster, account, "") not in have_assocs:
+        argvs.append(["add", "account", account, f"cluster={cluster}", "Description=slurm-aigc local"])
+    argvs += [["add", "user", user, f"account={account}", f"cluster={cluster}"]
+              for user in (*config.TEST_USERS, "root") if (cluster, account, user) not in have_assocs]
+    return argvs
 
 
 def must_stop_first(saved_shape: str | None, running: bool, wanted_shape: str, *, replace: bool) -> bool:
