@@ -61,9 +61,9 @@ def gres_busy_gpus(gres_used: str) -> tuple[int, frozenset[int]]:
     """(GPUs allocated, known busy indices) from `GresUsed`.
 
     A GPU is busy when it is allocated whole (`gpu:a100:2(IDX:1-2)`) or when any of its
-    shards is (`shard:a100:1(IDX:0)` on Slurm 22.05; older releases print one used/total
-    pair per GPU, `shard:a100:8(8/80,0/80,...)`): Slurm gives a GPU as a gpu or as
-    shards, never both at once.
+    shards is (`shard:a100:1(IDX:0)` on Slurm 22.05; 24.11 prints one used/total pair per
+    GPU, `shard:a100:8(8/80,0/80,...)`): Slurm gives a GPU as a gpu or as shards, never
+    both at once.
     """
     whole, busy = 0, set[int]()
     for name, count, detail in map(_gres_parts, split_gres(gres_used)):

@@ -3,8 +3,6 @@ and its pid is attributed to its job id."""
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
 from slurm_aigc.telemetry.attribution import Attributor, job_gpu_usage
@@ -12,21 +10,9 @@ from slurm_aigc.telemetry.records import NodeReading
 from slurm_aigc.telemetry.simgpu import SimGpuBackend
 from slurm_aigc.telemetry.topology import parse_topo_matrix
 from tests.conftest import SLURM_AIGC_BIN, ClusterHandle
-from tests.integration.helpers import cancel_quietly, submit, wait_for, wait_job_state
+from tests.integration.helpers import allocated_gpu_indices, cancel_quietly, submit, wait_for, wait_job_state
 
 pytestmark = pytest.mark.cluster
-
-
-def allocated_gpu_indices(cluster: ClusterHandle, job_id: str) -> list[int]:
-    """`scontrol show job -d`: `GRES=gpu:a100:2(IDX:3-4)` -> [3, 4] (`shard:8(IDX:1)` -> [1])."""
-    detail = cluster.slurm.run("scontrol", ["show", "job", "-d", job_id]).stdout
-    match = re.search(r"GRES=\S*(?:gpu|shard)\S*\(IDX:([0-9,\-]+)\)", detail)
-    assert match, detail
-    indices: list[int] = []
-    for part in match.group(1).split(","):
-        first, _, last = part.partition("-")
-        indices.extend(range(int(first), int(last or first) + 1))
-    return indices
 
 
 def loaded_gpus(reading: NodeReading) -> dict[int, list[int]]:
