@@ -27,7 +27,7 @@ class FakeJob:
     requeue: bool = True
     restarts: int = 0
     comment: str = "aigc_class=train"
-    admin_comment: str = ""
+    admin_comment: str = "aigc_class=train"  # the hook's stamp (slurm_aigc.tags)
     gpus: int = 1
     gpu_type: str = "a100"
     node: str = "a100-01"

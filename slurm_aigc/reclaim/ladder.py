@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from slurm_aigc.reclaim.config import ReclaimConfig
 from slurm_aigc.reclaim.detect import Verdict
-from slurm_aigc.tags import comment_tags, job_class
+from slurm_aigc.tags import UNKNOWN_CLASS, trusted_class, trusted_opt_out, trusted_tags
 
 ADMIN_COMMENT_TAG = "aigc-reclaim:"
 # The hook's grammar (see policy/ and telemetry/publisher.py): `aigc:k=v,k=v` (also `;` or
@@ -87,19 +87,20 @@ class Wait:
     not_before_ts: float | None = None
 
 
-def parse_job_tags(comment: str) -> dict[str, str]:
-    """Tags from a job comment: `aigc:type=train,reclaim=no` and the hook's `aigc_class=X`."""
-    return comment_tags(comment)
+def parse_job_tags(admin_comment: str) -> dict[str, str]:
+    """The hook's stamp in the AdminComment (`aigc_class=train aigc_reclaim=no`); never the user's comment."""
+    return trusted_tags(admin_comment)
 
 
-def job_class_of(comment: str, default: str) -> str:
-    """The AIGC class the hook recorded (`aigc_class=X`), else the user's `aigc:type=X` tag."""
-    return job_class(comment, default=default)
+def job_class_of(admin_comment: str, default: str) -> str:
+    """The AIGC class the hook stamped into the AdminComment (slurm_aigc.tags), else `default`."""
+    found = trusted_class(admin_comment)
+    return default if found == UNKNOWN_CLASS else found
 
 
-def opted_out(comment: str) -> bool:
-    """True when the job carries the per-job opt-out tag `aigc:reclaim=no`."""
-    return parse_job_tags(comment).get("reclaim", "").lower() in {"no", "off", "false", "0"}
+def opted_out(admin_comment: str) -> bool:
+    """True when the hook recorded the user's `aigc:reclaim=no` as `aigc_reclaim=no`."""
+    return trusted_opt_out(admin_comment)
 
 
 def observation_key(job_id: str, restarts: int, verdict: str, step: int, action: str, dry_run: bool) -> str:

@@ -18,7 +18,7 @@ from typing import Protocol
 
 from slurm_aigc.errors import AigcError, SlurmCommandError, SlurmParseError
 from slurm_aigc.report.tres import Tres, TresParseError, parse_tres
-from slurm_aigc.tags import job_class
+from slurm_aigc.tags import trusted_class
 
 log = logging.getLogger(__name__)
 
@@ -121,9 +121,9 @@ class SacctQuery:
     classes: tuple[str, ...] = field(default=())
 
 
-def aigc_class_of(*comments: str) -> str:
-    """The class the hook recorded (`aigc_class=C`), else a user's `aigc:type=C`, else unknown."""
-    return job_class(*comments, default=UNKNOWN_CLASS)
+def aigc_class_of(admin_comment: str) -> str:
+    """The class the hook stamped into the AdminComment (never the user's comment), else unknown."""
+    return trusted_class(admin_comment)
 
 
 def sacct_args(start: datetime, end: datetime, query: SacctQuery) -> list[str]:
@@ -243,7 +243,7 @@ def _record(line_no: int, row: dict[str, str], tz: tzinfo | None) -> JobRecord:
         elapsed_s=_elapsed(row["ElapsedRaw"]), tres=parse_tres(row["AllocTRES"]),
         alloc_tres=row["AllocTRES"], node_list=_none_empty(row["NodeList"]),
         comment=row["Comment"], admin_comment=row["AdminComment"],
-        aigc_class=aigc_class_of(row["Comment"], row["AdminComment"]), line_no=line_no,
+        aigc_class=aigc_class_of(row["AdminComment"]), line_no=line_no,
     )
 
 
@@ -356,7 +356,7 @@ def with_live_comments(rows: Iterable[Row], slurm: JobLookup) -> Iterator[Row]:
                 live = None
             if live is not None and (live.comment or live.admin_comment):
                 row = replace(row, comment=live.comment, admin_comment=live.admin_comment,
-                              aigc_class=aigc_class_of(live.comment, live.admin_comment))
+                              aigc_class=aigc_class_of(live.admin_comment))
         yield row
 
 

@@ -32,7 +32,7 @@ from slurm_aigc.slurm import (
     NodeInfo,
     SlurmCli,
 )
-from slurm_aigc.tags import comment_tags
+from slurm_aigc.tags import UNKNOWN_CLASS, comment_tags, trusted_class
 from slurm_aigc.telemetry import features as feat
 from slurm_aigc.telemetry.config import ScoringConfig
 from slurm_aigc.telemetry.gres import (
@@ -68,16 +68,11 @@ def parse_comment_tags(comment: str) -> dict[str, str]:
 
 def served_model(job: JobInfo, serving_classes: Iterable[str]) -> str | None:
     """The model a running job serves: its `model=` tag, unless its class is not a serving one."""
-    comment = job.comment
-    if "aigc_class" in job.fields:
-        # `scontrol show job -o` splits the hook's " aigc_class=X" off the comment as a field.
-        comment += f" aigc_class={job.fields['aigc_class']}"
-    tags = parse_comment_tags(comment)
-    model = tags.get("model")
+    model = parse_comment_tags(job.comment).get("model")
     if not model:
         return None
-    job_class = tags.get("type") or tags.get("class")  # the hook writes type=; class= is accepted
-    if job_class is not None and job_class not in set(serving_classes):
+    job_class = trusted_class(job.admin_comment)  # the hook's stamp (slurm_aigc.tags), never the comment
+    if job_class != UNKNOWN_CLASS and job_class not in set(serving_classes):
         return None
     return model
 

@@ -43,6 +43,7 @@ class FakeJob:
     comment: str = ""
     state: str = "RUNNING"
     detail: str = ""  # e.g. "Nodes=a100-01 CPU_IDs=0 Mem=0 GRES=gpu:a100:2(IDX:0-1)"
+    admin_comment: str = ""  # the hook's stamp, e.g. "aigc_class=train"
 
     def line(self, detail: bool) -> str:
         comment = self.comment or "(null)"
@@ -50,7 +51,7 @@ class FakeJob:
         return (
             f"JobId={self.job_id} JobName=j UserId=alice(1000) GroupId=alice(1000) Account=aigc QOS=normal "
             f"JobState={self.state} Reason=None Partition=gpu NodeList={self.node_list} BatchFlag=1 "
-            f"Comment={comment}{extra} NumNodes=1"
+            f"AdminComment={self.admin_comment or '(null)'} Comment={comment}{extra} NumNodes=1"
         )
 
 

@@ -84,10 +84,10 @@ def test_job_gres_per_node_and_node_allocations() -> None:
 @pytest.mark.parametrize(
     ("comment", "tags"),
     [
-        ("aigc:class=infer,model=llama3-8b", {"class": "infer", "model": "llama3-8b"}),
+        ("aigc:class=infer,model=llama3-8b", {"model": "llama3-8b"}),  # the hook's grammar: no key class
         ("aigc:type=infer,model=llama3-8b,vram=20G", {"type": "infer", "model": "llama3-8b", "vram": "20G"}),
-        ("nightly run aigc:model=sdxl;class=train trailing words", {"model": "sdxl", "class": "train"}),
-        ("aigc_class=infer aigc:model=qwen2", {"class": "infer", "model": "qwen2"}),
+        ("nightly run aigc:model=sdxl;class=train trailing words", {"model": "sdxl_class_train"}),  # `,` splits, not `;`
+        ("aigc_class=infer aigc:model=qwen2", {"model": "qwen2"}),
         ("model=not-ours aigc: garbage=== ,,=x", {}),
         ("", {}),
         ("aigc:model=", {}),
@@ -153,9 +153,9 @@ def test_plan_cycle_publishes_features_and_weights_and_models() -> None:
         FakeNode("cpu-01", gres="(null)", gres_used="(null)"),
     ]
     jobs = [FakeJob("11", "a100-02", comment="aigc:class=infer,model=llama3-8b"),
-            FakeJob("12", "a100-02", comment="aigc:type=train,model=not-served"),
+            FakeJob("12", "a100-02", comment="aigc:type=train,model=not-served", admin_comment="aigc_class=train"),
             FakeJob("14", "a100-02", comment="aigc:type=infer,model=sdxl,vram=20G", state="COMPLETED"),
-            FakeJob("15", "a100-01", comment="aigc:model=whisper aigc_class=train"),
+            FakeJob("15", "a100-01", comment="aigc:model=whisper", admin_comment="aigc_class=train"),
             FakeJob("13", "a100-01", comment="aigc:model=qwen", state="PENDING")]
     fake_slurm = FakeSlurm(fakes, jobs)
     slurm_jobs = SlurmCli(runner=fake_slurm).jobs()

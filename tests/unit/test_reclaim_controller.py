@@ -79,7 +79,7 @@ def test_idle_job_notified_then_requeued_once(db_url: str) -> None:
 def test_busy_and_exempt_and_no_requeue_jobs(db_url: str) -> None:
     fake = FakeSlurm(jobs={
         "1": FakeJob("1"),
-        "2": FakeJob("2", comment="aigc_class=interactive"),
+        "2": FakeJob("2", admin_comment="aigc_class=interactive"),
         "3": FakeJob("3", requeue=False),
     })
     add_samples(db_url, "1", 1, START + 200.0, busy_gpus=1)

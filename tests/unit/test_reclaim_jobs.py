@@ -51,7 +51,7 @@ def test_held_after_requeuehold_on_22_05() -> None:
 
 
 def test_facts_read_class_opt_out_and_requeue() -> None:
-    facts = job_facts(job(Comment="aigc:type=infer,reclaim=no aigc_class=infer", Requeue="0"), 0.0)
+    facts = job_facts(job(Comment="aigc:type=train", AdminComment="aigc_class=infer aigc_reclaim=no", Requeue="0"), 0.0)
     assert (facts.job_class, facts.opt_out, facts.requeue_allowed, facts.gpus, facts.shrinkable) == ("infer", True, False, 4, True)
 
 

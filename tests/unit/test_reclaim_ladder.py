@@ -146,13 +146,15 @@ def test_per_tick_cap_keeps_escalations_first() -> None:
     assert [w.job_id for w in dropped] == ["3"] and "per-tick cap" in dropped[0].reason
 
 
-def test_tags_and_class_from_comment() -> None:
-    comment = "my run aigc:type=infer,reclaim=no aigc_class=train"
-    assert parse_job_tags(comment) == {"type": "infer", "reclaim": "no", "class": "train"}
-    assert job_class_of(comment, "unclassified") == "train"
-    assert job_class_of("aigc:type=infer", "unclassified") == "infer"
+def test_tags_and_class_from_the_hooks_stamp_only() -> None:
+    stamped = "aigc_class=train aigc_reclaim=no; aigc-reclaim: earlier note"
+    assert parse_job_tags(stamped) == {"class": "train", "reclaim": "no"}
+    assert job_class_of(stamped, "unclassified") == "train"
+    # User text (the comment's tag, or a stamp-like word after the leading stamp) is never trusted.
+    assert job_class_of("aigc:type=interactive,reclaim=no", "unclassified") == "unclassified"
+    assert job_class_of("note; aigc_class=interactive", "unclassified") == "unclassified"
     assert job_class_of("", "unclassified") == "unclassified"
-    assert opted_out(comment) and not opted_out("aigc:type=infer")
+    assert opted_out(stamped) and not opted_out("aigc:type=infer,reclaim=no")
 
 
 def test_requeue_of_a_shard_job_recovers_its_gpu_fraction() -> None:
