@@ -462,7 +462,7 @@ def _sqlite_pragmas(connection: object, _record: object) -> None:
     # WAL lets the agents write samples while the controller and reports read.
     cursor = connection.cursor()  # type: ignore[attr-defined]
     cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA synchronous=FULL")  # NORMAL can lose a recorded intent on power loss
     cursor.close()
 
 
