@@ -153,6 +153,48 @@ def render_slurmdbd_conf(layout: Layout, db_password: str) -> str:
     ])
 
 
+# slurm-aigc's own database on the cluster's MariaDB, and its roles (docs/deploy.md has the
+# same grants for a site). The controller owns the schema; an agent may only add samples.
+AIGC_DATABASE = "slurm_aigc"
+TEST_DATABASE_PREFIX = "slurm_aigc_test_"
+DB_ROLES = ("controller", "agent", "test")
+DB_USERS = {"controller": "aigc_controller", "agent": "aigc_agent", "test": "aigc_test"}
+AGENT_INSERT_TABLES = ("gpu_samples", "process_samples", "job_gpu_samples")
+AGENT_SELECT_TABLES = ("schema_version",)
+
+
+def aigc_db_url(layout: Layout, role: str, password: str, database: str = AIGC_DATABASE) -> str:
+    """The SQLAlchemy URL a role uses (PyMySQL over TCP on loopback)."""
+    return (f"mysql+pymysql://{DB_USERS[role]}:{password}@127.0.0.1:{layout.mysql_port}/{database}"
+            "?charset=utf8mb4")
+
+
+def render_aigc_users_sql(passwords: dict[str, str]) -> str:
+    """Users and the grants that need no tables: idempotent, re-run on every `up`.
+
+    Passwords are hex (`secrets.token_hex`), so quoting them in SQL is safe.
+    """
+    statements = [f"CREATE DATABASE IF NOT EXISTS {AIGC_DATABASE} CHARACTER SET utf8mb4"]
+    for role in DB_ROLES:
+        user = f"'{DB_USERS[role]}'@'127.0.0.1'"
+        statements += [f"CREATE USER IF NOT EXISTS {user} IDENTIFIED BY '{passwords[role]}'",
+                       f"ALTER USER {user} IDENTIFIED BY '{passwords[role]}'"]
+    statements += [
+        f"GRANT ALL PRIVILEGES ON {AIGC_DATABASE}.* TO '{DB_USERS['controller']}'@'127.0.0.1'",
+        # Test sessions create and drop throwaway databases named slurm_aigc_test_*.
+        f"GRANT ALL PRIVILEGES ON `{TEST_DATABASE_PREFIX.replace('_', chr(92) + '_')}%`.* "
+        f"TO '{DB_USERS['test']}'@'127.0.0.1'",
+    ]
+    return ";\n".join(statements) + ";\n"
+
+
+def render_agent_grants_sql(database: str = AIGC_DATABASE, user: str = "'aigc_agent'@'127.0.0.1'") -> str:
+    """The agent role's grants (the tables must exist): insert samples, read the schema version."""
+    statements = [f"GRANT INSERT ON {database}.{table} TO {user}" for table in AGENT_INSERT_TABLES]
+    statements += [f"GRANT SELECT ON {database}.{table} TO {user}" for table in AGENT_SELECT_TABLES]
+    return ";\n".join(statements) + ";\n"
+
+
 def render_cgroup_conf(layout: Layout) -> str:
     # Slurm >= 24.05 probes cgroups in slurmd even with proctrack/linuxproc unless told not to.
     plugin = "CgroupPlugin=disabled" if layout.slurm_version >= (24, 5, 0) else "CgroupAutomount=no"

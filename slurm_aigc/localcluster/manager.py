@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from slurm_aigc.db import DEFAULT_URL_FILE, open_database, write_url_file
 from slurm_aigc.errors import ClusterError
 from slurm_aigc.localcluster import config
 from slurm_aigc.localcluster.shape import ClusterShape, parse_shape, shape_to_text
@@ -196,6 +197,11 @@ class LocalCluster:
     def etc_dir(self) -> Path:
         return self.state_dir / "etc"
 
+    def db_url_file(self, role: str) -> Path:
+        """The credentials file (0600) with the URL of slurm-aigc's database for `role`
+        (controller | agent | test); /etc/slurm-aigc/db.url points at the controller's."""
+        return self.etc_dir / "db" / f"{role}.url"
+
     def is_up(self) -> bool:
         """Brought up (ready) and every process it started still alive (not, say, after a reboot)."""
         names = self.processes.names()
@@ -298,8 +304,9 @@ class LocalCluster:
             raise ClusterError(f"{SYSTEM_SLURM_CONF} is a real file (a configured Slurm?); not touching it")
 
     def _unlink_system_conf(self) -> None:
-        if SYSTEM_SLURM_CONF.is_symlink() and SYSTEM_SLURM_CONF.resolve().is_relative_to(self.state_dir):
-            SYSTEM_SLURM_CONF.unlink()
+        for link in (SYSTEM_SLURM_CONF, DEFAULT_URL_FILE):
+            if link.is_symlink() and link.resolve().is_relative_to(self.state_dir):
+                link.unlink()
 
     def _start_munge(self) -> None:
         if _run(["sh", "-c", "munge -n | unmunge"], check=False).returncode == 0:
@@ -341,7 +348,37 @@ class LocalCluster:
                "CREATE DATABASE IF NOT EXISTS slurm_acct_db;"
                "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';")
         _run(["mariadb", f"--socket={socket_path}", "-u", "root", "-e", sql])
+        self._ensure_aigc_database(layout, socket_path)
         self.progress("mariadb: up")
+
+    def _ensure_aigc_database(self, layout: config.Layout, socket_path: Path) -> None:
+        """slurm-aigc's database and roles, its schema (created as the controller), the agent's
+        grants and the URL files (idempotent). SQL goes on stdin: no password in argv."""
+        mariadb = ["mariadb", f"--socket={socket_path}", "-u", "root"]
+        passwords = {role: self._secret(f"db-password-{role}") for role in config.DB_ROLES}
+        _run(mariadb, stdin=config.render_aigc_users_sql(passwords))
+        for role, password in passwords.items():
+            database = config.TEST_DATABASE_PREFIX + "x" if role == "test" else config.AIGC_DATABASE
+            write_url_file(self.db_url_file(role), config.aigc_db_url(layout, role, password, database))
+        open_database(str(self.db_url_file("controller")))
+        _run(mariadb, stdin=config.render_agent_grants_sql())
+        self._link_system_db_url(self.db_url_file("controller"))
+        self.progress(f"mariadb: database {config.AIGC_DATABASE} ready (URL files in {self.db_url_file('agent').parent})")
+
+    def _secret(self, name: str) -> str:
+        path = self.state_dir / name
+        if not path.exists():
+            write_url_file(path, secrets.token_hex(16))
+        return path.read_text().strip()
+
+    def _link_system_db_url(self, target: Path) -> None:
+        """Point /etc/slurm-aigc/db.url (the default database) at the cluster's; never clobber a real file."""
+        DEFAULT_URL_FILE.parent.mkdir(parents=True, exist_ok=True)
+        if DEFAULT_URL_FILE.is_symlink() or not DEFAULT_URL_FILE.exists():
+            DEFAULT_URL_FILE.unlink(missing_ok=True)
+            DEFAULT_URL_FILE.symlink_to(target)
+        elif DEFAULT_URL_FILE.resolve() != target:
+            self.progress(f"{DEFAULT_URL_FILE} is a real file; leaving it (the cluster's URL is in {target})")
 
     def _start_slurmdbd(self, layout: config.Layout) -> None:
         if not self.processes.alive("slurmdbd"):
@@ -373,7 +410,7 @@ class LocalCluster:
         """`sacctmgr -nP show cluster format=cluster` and `... show assoc format=cluster,account,user`."""
         clusters = _run(["sacctmgr", "-nP", "show", "cluster", "format=cluster"], timeout_s=60).stdout
         assocs = _run(["sacctmgr", "-nP", "show", "assoc", "format=cluster,account,user",
-                       f"where cluster={config.CLUSTER_NAME}"], timeout_s=60).stdout
+                       "where", f"cluster={config.CLUSTER_NAME}"], timeout_s=60).stdout
         return clusters, assocs
 
     def _start_slurmctld(self, layout: config.Layout) -> None:
