@@ -2,10 +2,19 @@
 
 Each action is written to the `actions` table as an intent *before* Slurm is touched and
 closed with its outcome after, so a controller killed in between (kill -9 included) never
-repeats the action: the intent's observation key stays taken, and `reconcile` at start-up
-asks Slurm what happened (restart count, state, admin comment) and records it without
-redoing anything. In dry-run the intent is recorded and closed as `skipped` with the exact
-commands it would have run; Slurm is not touched.
+repeats the action: the intent's observation key stays taken, and `reconcile` asks Slurm
+what happened (restart count, state, admin comment) and records it without redoing
+anything. Right before acting, the job is read again: a job that ended, restarted or
+became exempt since the tick read it is skipped, and the skip recorded with its reason.
+Requeues use `scontrol requeue[hold] Incomplete`, so a job that ends in the instant
+between that re-read and the requeue is not run again either.
+
+A shrink holds the job (`requeuehold`) until it is PENDING, lowers its GPU request and
+releases it. When the job is not PENDING in time (a slow epilog), the intent stays open
+and every later tick (and a restarted controller) finishes it: a hold always ends released.
+
+In dry-run the intent is recorded and closed as `skipped` with the exact commands it would
+have run, and reconciliation only reports; Slurm is not touched.
 """
 
 from __future__ import annotations
@@ -18,14 +27,18 @@ from typing import Any
 
 from slurm_aigc.errors import AigcError, SlurmCommandError
 from slurm_aigc.reclaim.config import ReclaimConfig
-from slurm_aigc.reclaim.jobs import is_held, requested_gpus, shrink_updates
-from slurm_aigc.reclaim.ladder import ADMIN_COMMENT_TAG, PlannedAction
+from slurm_aigc.reclaim.jobs import declared_signal, is_held, job_facts, requested_gpus, shrink_updates
+from slurm_aigc.reclaim.ladder import ADMIN_COMMENT_TAG, PlannedAction, exemption, signal_refusal
 from slurm_aigc.reclaim.store import ActionRow, ReclaimStore
 from slurm_aigc.slurm import JobInfo, Runner, SlurmCli, quote_argv, run_command
+from slurm_aigc.tags import admin_comment_with
 
 LOG = logging.getLogger(__name__)
 ADMIN_COMMENT_MAX = 480  # keep our note short: AdminComment is shared with the site's tools
-_PENDING_WAIT_S = 60.0
+PENDING_WAIT_S = 60.0  # how long one tick waits for a requeue-held job to become PENDING
+# States after which a job holds nothing any more (a shrink's hold has nothing left to release).
+ENDED_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+                          "PREEMPTED", "BOOT_FAIL", "DEADLINE"})
 
 
 class ActuatorCrash(AigcError):
@@ -39,21 +52,36 @@ class ActionResult:
     observation_key: str
     job_id: str
     action: str
-    state: str  # done | failed | skipped (dry-run) | duplicate (key already recorded)
+    state: str  # done | failed | skipped (dry-run, or no longer applies) | duplicate | intent (still open)
     dry_run: bool
     commands: tuple[str, ...] = ()
     detail: Mapping[str, Any] = field(default_factory=dict)
 
     def line(self) -> str:
         head = "dry-run: would" if self.dry_run else self.state + ":"
-        return f"{head} {self.action} job {self.job_id} [{self.observation_key}]: " + "; ".join(self.commands)
+        why = self.detail.get("skipped") or self.detail.get("open")
+        text = f"{head} {self.action} job {self.job_id} [{self.observation_key}]: " + "; ".join(self.commands)
+        return f"{text} ({why})" if why else text
 
 
 def merge_admin_comment(existing: str, note: str) -> str:
-    """Replace our previous note (from ADMIN_COMMENT_TAG on) with `note`, keeping the site's text."""
-    kept = existing.split(ADMIN_COMMENT_TAG, 1)[0].rstrip(" ;")
-    merged = f"{kept}; {note}" if kept else note
-    return merged[-ADMIN_COMMENT_MAX:] if len(merged) > ADMIN_COMMENT_MAX else merged
+    """Replace our previous note with `note`, keeping the hook's stamp in front and the site's text."""
+    return admin_comment_with(existing, note, ADMIN_COMMENT_MAX)
+
+
+def recheck(plan: PlannedAction, job: JobInfo | None, config: ReclaimConfig, now_ts: float) -> str | None:
+    """Why the job as Slurm shows it now no longer allows the planned action, or None."""
+    if job is None:
+        return "job no longer known to Slurm"
+    if job.state != "RUNNING":
+        return f"job is {job.state} now, no longer RUNNING"
+    if job.restarts != plan.restarts_before:
+        return f"job was restarted meanwhile (restarts {plan.restarts_before} -> {job.restarts})"
+    facts = job_facts(job, now_ts)
+    why_exempt = exemption(facts, config)
+    if why_exempt:
+        return f"{why_exempt} now"
+    return signal_refusal(facts, config.signal) if plan.action == "signal" else None
 
 
 def planned_commands(plan: PlannedAction, job: JobInfo, config: ReclaimConfig) -> list[list[str]]:
@@ -67,15 +95,16 @@ def planned_commands(plan: PlannedAction, job: JobInfo, config: ReclaimConfig) -
             commands.append(notify_command(config.notify.command, plan))
         return commands
     if plan.action == "signal":
-        return [["scancel", f"--signal={config.signal}", "--batch", job_id]]
+        batch = ["--batch"] if declared_signal(job).startswith("B:") else []
+        return [["scancel", f"--signal={config.signal}", *batch, job_id]]
     if plan.action == "requeue":
-        return [["scontrol", "requeue", job_id]]
+        return [["scontrol", "requeue", "Incomplete", job_id]]
     if plan.action == "cancel":
         return [["scancel", job_id]]
     if plan.action == "shrink":
         first = shrink_updates(job, plan.gpus_after)[:1]
         update = [f"{k}={v}" for k, v in first[0].items()] if first else ["<no rewritable GPU request>"]
-        return [["scontrol", "requeuehold", job_id], ["scontrol", "update", f"JobId={job_id}", *update],
+        return [["scontrol", "requeuehold", "Incomplete", job_id], ["scontrol", "update", f"JobId={job_id}", *update],
                 ["scontrol", "release", job_id]]
     raise ValueError(f"unknown action {plan.action!r}")
 
@@ -84,6 +113,7 @@ def notify_command(template: Sequence[str], plan: PlannedAction) -> list[str]:
     """The configured notification argv with {user} {job_id} {verdict} {message} filled in."""
     values = {"user": plan.user, "job_id": plan.job_id, "verdict": plan.verdict, "message": plan.message}
     return [part.format(**values) for part in template]
+
 
 
 class Actuator:
@@ -99,6 +129,7 @@ class Actuator:
         sleep: Callable[[float], None] = time.sleep,
         command_runner: Runner = run_command,
         after_intent: Callable[[PlannedAction], None] | None = None,
+        pending_wait_s: float = PENDING_WAIT_S,
     ) -> None:
         self._slurm = slurm
         self._store = store
@@ -106,51 +137,82 @@ class Actuator:
         self._clock = clock
         self._sleep = sleep
         self._command_runner = command_runner
+        # Test hook, called after the intent is recorded and the job re-read, right before acting.
         self._after_intent = after_intent
+        self._pending_wait_s = pending_wait_s
 
     def apply(self, plan: PlannedAction, job: JobInfo) -> ActionResult:
-        """Record the intent, run the action (unless dry-run), record the outcome."""
-        commands = tuple(quote_argv(argv) for argv in planned_commands(plan, job, self.config))
-        intent = {"restarts_before": job.restarts, "state_before": job.state, "commands": list(commands),
-                  "message": plan.message}
+        """Record the intent, re-read the job, run the action (unless dry-run or stale), record the outcome."""
+        commands = self._commands(plan, job)
+        intent: dict[str, Any] = {"restarts_before": job.restarts, "state_before": job.state,
+                                  "commands": list(commands), "message": plan.message}
+        if plan.skipped:
+            intent["skipped_steps"] = list(plan.skipped)
         action_id = self._store.record_intent(plan, intent, self._clock())
         if action_id is None:
             return ActionResult(plan.observation_key, plan.job_id, plan.action, "duplicate", plan.dry_run, commands)
-        if self._after_intent is not None:
-            self._after_intent(plan)
-        if plan.dry_run:
-            result = ActionResult(plan.observation_key, plan.job_id, plan.action, "skipped", True, commands,
-                                  {"result": "dry-run: nothing changed in Slurm"})
+        result = self._checked_run(plan)
+        if result.state == "intent":
+            self._store.record_progress(action_id, {**result.detail, "commands": list(result.commands)})
         else:
-            result = self._run(plan, job, commands)
-        self._store.record_outcome(action_id, result.state, result.detail, self._clock())
+            self._store.record_outcome(action_id, result.state, {**result.detail, "commands": list(result.commands)},
+                                       self._clock())
         LOG.info("%s", result.line())
         return result
 
-    def _run(self, plan: PlannedAction, job: JobInfo, commands: tuple[str, ...]) -> ActionResult:
+    def _checked_run(self, plan: PlannedAction) -> ActionResult:
+        """Re-read the job right before acting; act only when the plan still holds."""
+        def outcome(state: str, commands: tuple[str, ...], detail: Mapping[str, Any]) -> ActionResult:
+            return ActionResult(plan.observation_key, plan.job_id, plan.action, state, plan.dry_run, commands, detail)
+
         try:
-            detail = self._perform(plan, job)
-            state = "failed" if detail.get("error") else "done"
+            current = self._slurm.job(plan.job_id)
         except SlurmCommandError as error:
-            state, detail = "failed", {"error": str(error)}
-        return ActionResult(plan.observation_key, plan.job_id, plan.action, state, False, commands, detail)
+            return outcome("failed", (), {"error": f"could not re-read the job before acting: {error}; not acted"})
+        why_not = recheck(plan, current, self.config, self._clock())
+        if self._after_intent is not None:
+            self._after_intent(plan)
+        if why_not is not None or current is None:
+            return outcome("skipped", (), {"skipped": why_not or "job no longer known to Slurm",
+                                           "state_now": current.state if current else None})
+        commands = self._commands(plan, current)
+        if plan.dry_run:
+            return outcome("skipped", commands, {"result": "dry-run: nothing changed in Slurm"})
+        try:
+            detail = self._perform(plan, current)
+        except SlurmCommandError as error:
+            return outcome("failed", commands, {"error": str(error)})
+        return outcome(_state_of(detail), commands, detail)
+
+    def _commands(self, plan: PlannedAction, job: JobInfo) -> tuple[str, ...]:
+        return tuple(quote_argv(argv) for argv in planned_commands(plan, job, self.config))
 
     def _perform(self, plan: PlannedAction, job: JobInfo) -> dict[str, Any]:
         if plan.action == "notify":
             return self._notify(plan, job)
         if plan.action == "signal":
-            self._slurm.cancel(plan.job_id, signal=self.config.signal, batch_only=True)
-            return {"result": f"sent SIG{self.config.signal} to the batch step"}
+            batch = declared_signal(job).startswith("B:")
+            self._slurm.cancel(plan.job_id, signal=self.config.signal, batch_only=batch)
+            return {"result": f"sent SIG{self.config.signal} to the {'batch shell' if batch else 'job steps'}"}
         if plan.action == "requeue":
-            self._slurm.requeue(plan.job_id)
+            self._slurm.requeue(plan.job_id, incomplete_only=True)
+            if not self._restarted(plan.job_id, job.restarts):
+                return {"skipped": "Slurm did not requeue it: the job had ended (requeue Incomplete)"}
             return {"result": "requeued"}
         if plan.action == "cancel":
             self._slurm.cancel(plan.job_id)
             return {"result": "cancelled"}
         if plan.action == "shrink":
-            self._slurm.requeue(plan.job_id, hold=True)
-            return self._finish_shrink(plan.job_id, job, plan.gpus_after)
+            self._slurm.requeue(plan.job_id, hold=True, incomplete_only=True)
+            if not self._restarted(plan.job_id, job.restarts):
+                return {"skipped": "Slurm did not requeue it: the job had ended (requeuehold Incomplete); nothing held"}
+            return self._finish_shrink(plan.job_id, job, plan.gpus_after, self._pending_wait_s)
         raise ValueError(f"unknown action {plan.action!r}")
+
+    def _restarted(self, job_id: str, restarts_before: int) -> bool:
+        """Did the requeue take? `Incomplete` makes slurmctld skip an ended job silently (exit 0)."""
+        after = self._slurm.job(job_id)
+        return after is not None and after.restarts > restarts_before
 
     def _notify(self, plan: PlannedAction, job: JobInfo) -> dict[str, Any]:
         # The admin comment is the record that must exist; the other channels are best effort.
@@ -174,14 +236,19 @@ class Actuator:
                 problems.append(str(error))
         return {"result": "notified via " + ", ".join(channels), "channel_errors": problems}
 
-    def _finish_shrink(self, job_id: str, before: JobInfo, gpus_after: int) -> dict[str, Any]:
-        """After `scontrol requeuehold`: wait until pending, lower the GPU count, release.
+    def _finish_shrink(self, job_id: str, before: JobInfo, gpus_after: int, wait_s: float) -> dict[str, Any]:
+        """After `scontrol requeuehold`: wait until held and PENDING, lower the GPU count, release.
 
-        The job is released whatever happens, so a failed update never leaves it held.
+        Not PENDING within `wait_s` (a slow epilog): the intent stays open ("open") and a later
+        tick finishes it. Once held, the job is released whatever the update did; a release
+        that fails also leaves the intent open, so it is retried.
         """
-        pending = self._wait_pending(job_id)
-        if pending is None:
-            return {"error": f"job {job_id} did not become pending within {_PENDING_WAIT_S:.0f}s; left held for an admin"}
+        phase, job = self._wait_held(job_id, wait_s)
+        if phase == "waiting":
+            return {"open": f"requeued and held but not PENDING after {wait_s:.0f}s (epilog?); "
+                            "released once it is (checked every tick)", "phase": "waiting_pending"}
+        if phase != "held":
+            return _unheld(phase, job, gpus_after)
         tried: list[str] = []
         applied: dict[str, str] | None = None
         for update in shrink_updates(before, gpus_after):
@@ -191,33 +258,50 @@ class Actuator:
                 break
             except SlurmCommandError as error:
                 tried.append(f"{update}: {error.stderr.strip()[:200]}")
-        self._slurm.release(job_id)
+        try:
+            self._slurm.release(job_id)
+        except SlurmCommandError as error:
+            return {"open": f"release failed ({error.stderr.strip()[:200]}); retried every tick",
+                    "phase": "release_failed", "update": applied, "tried": tried}
         if applied is None:
             return {"error": "no GPU update accepted; released unchanged", "tried": tried}
         return {"result": f"requeued with {gpus_after} GPU(s) and released", "update": applied, "tried": tried}
 
-    def _wait_pending(self, job_id: str) -> JobInfo | None:
-        deadline = self._clock() + _PENDING_WAIT_S
+    def _wait_held(self, job_id: str, wait_s: float) -> tuple[str, JobInfo | None]:
+        """Poll until the requeue-held job is PENDING: (phase, job), phase as `hold_phase`."""
+        deadline = self._clock() + wait_s
         while True:
             job = self._slurm.job(job_id)
-            if job is not None and job.state == "PENDING":
-                return job
-            if self._clock() >= deadline:
-                return None
+            phase = hold_phase(job)
+            if phase != "waiting" or self._clock() >= deadline:
+                return phase, job
             self._sleep(1.0)
 
-    def reconcile(self) -> list[ActionResult]:
-        """Close every intent left without outcome by asking Slurm what happened; never redo."""
+    def reconcile(self, *, dry_run: bool = False, only_jobs: frozenset[str] | None = None) -> list[ActionResult]:
+        """Settle every live intent without outcome by asking Slurm what happened; never redo.
+
+        Intents stay open while a shrink's job is not yet PENDING (finished on a later call).
+        In dry-run nothing is changed, in Slurm or in the records: what would be done is reported.
+        """
         results = []
         for row in self._store.open_intents():
-            state, detail = self._judge(row)
-            self._store.record_outcome(row.id, state, {**detail, "reconciled": True}, self._clock())
-            result = ActionResult(row.observation_key, row.job_id, row.action, state, False, (), detail)
-            LOG.warning("reconciled intent %s: %s %s", row.observation_key, state, detail.get("result") or detail.get("error"))
-            results.append(result)
+            if only_jobs is not None and row.job_id not in only_jobs:
+                continue
+            state, detail = self._judge(row, act=not dry_run)
+            if dry_run:
+                results.append(ActionResult(row.observation_key, row.job_id, row.action, "skipped", True, (),
+                                            {**detail, "reconciled": False}))
+                continue
+            if state == "intent":
+                self._store.record_progress(row.id, detail)
+            else:
+                self._store.record_outcome(row.id, state, {**detail, "reconciled": True}, self._clock())
+            LOG.warning("reconciled intent %s: %s %s", row.observation_key, state,
+                        detail.get("result") or detail.get("error") or detail.get("open"))
+            results.append(ActionResult(row.observation_key, row.job_id, row.action, state, False, (), detail))
         return results
 
-    def _judge(self, row: ActionRow) -> tuple[str, dict[str, Any]]:
+    def _judge(self, row: ActionRow, act: bool) -> tuple[str, dict[str, Any]]:
         job = self._slurm.job(row.job_id)
         before = int(row.detail.get("restarts_before", 0))
         if job is None:
@@ -226,22 +310,65 @@ class Actuator:
         if row.action == "requeue":
             return _judged(restarted, f"requeue took effect (restarts {before} -> {job.restarts})")
         if row.action == "shrink":
-            return self._judge_shrink(row, job, restarted)
+            return self._judge_shrink(row, job, restarted, act)
         if row.action == "notify":
             return _judged(ADMIN_COMMENT_TAG in job.admin_comment, "admin comment is set")
         if row.action == "cancel":
             return _judged(job.state.startswith("CANCELLED"), f"job is {job.state}")
         return "failed", {"error": f"{row.action}: outcome cannot be verified after a restart; not repeated"}
 
-    def _judge_shrink(self, row: ActionRow, job: JobInfo, restarted: bool) -> tuple[str, dict[str, Any]]:
+    def _judge_shrink(self, row: ActionRow, job: JobInfo, restarted: bool, act: bool) -> tuple[str, dict[str, Any]]:
         if not restarted:
             return _judged(False, "")
         target = row.gpus_after or 0
-        if is_held(job):
-            # Killed after our requeuehold: finish the shrink so the job is not left held forever.
-            detail = self._finish_shrink(row.job_id, job, target)
-            return ("failed" if detail.get("error") else "done"), {**detail, "completed_after_restart": True}
+        phase = hold_phase(job)
+        if phase in ("held", "waiting") and not act:
+            return "skipped", {"result": f"dry-run: would finish the shrink of job {row.job_id} "
+                                         f"(update to {target} GPU(s), release) once it is PENDING"}
+        if phase in ("held", "waiting"):
+            # Our requeuehold happened and nothing released it yet: finish, so it is not left held.
+            detail = self._finish_shrink(row.job_id, job, target, 0.0)
+            return _state_of(detail), {**detail, "completed_after_restart": True}
+        if phase == "gone":
+            detail = _unheld(phase, job, target)
+            return _state_of(detail), detail
         return _judged(requested_gpus(job) == target, f"job restarted with {target} GPU(s)")
+
+
+def hold_phase(job: JobInfo | None) -> str:
+    """Where a job requeue-held by a shrink stands.
+
+    `held`: PENDING with the hold, ready for the update and release; `waiting`: not PENDING
+    yet (COMPLETING while its epilog runs); `released`: running or pending without a hold;
+    `gone`: ended or forgotten, nothing left held.
+    """
+    if job is None or job.state in ENDED_STATES:
+        return "gone"
+    if is_held(job):
+        return "held"
+    if job.state in ("RUNNING", "PENDING"):
+        return "released"
+    return "waiting"
+
+
+def _unheld(phase: str, job: JobInfo | None, gpus_after: int) -> dict[str, Any]:
+    """A shrink whose job is no longer held by us: nothing to release."""
+    if phase == "gone":
+        state = job.state if job else "forgotten by Slurm"
+        return {"error": f"job ended ({state}) before the GPU update; nothing left held"}
+    assert job is not None
+    if requested_gpus(job) == gpus_after:
+        return {"result": f"job runs with {gpus_after} GPU(s); released by someone else"}
+    return {"error": f"job was released before the GPU update (now {job.state}); not shrunk"}
+
+
+def _state_of(detail: Mapping[str, Any]) -> str:
+    """The record state a performed action's detail means."""
+    if detail.get("open"):
+        return "intent"
+    if detail.get("error"):
+        return "failed"
+    return "skipped" if detail.get("skipped") else "done"
 
 
 def _judged(applied: bool, what: str) -> tuple[str, dict[str, Any]]:

@@ -3,7 +3,8 @@
 The controller never acts on data it cannot trust: slurmctld not answering
 (SlurmCommandError) or the database down (DatabaseError) fail the tick, and samples older
 than `stale_s` raise StaleSamplesError; the daemon loop then backs off and retries. Intents
-left open by a killed controller are reconciled before the first action.
+left open (by a killed controller, or a shrink whose job is not PENDING yet) are reconciled
+before each tick's actions; in dry-run that only reports, once, and changes nothing.
 """
 
 from __future__ import annotations
@@ -148,8 +149,8 @@ class Controller:
         self._tracker = StretchTracker()  # thresholds changed: judge the windows afresh
 
     def reconcile(self) -> tuple[ActionResult, ...]:
-        """Close intents a killed controller left open (once, before the first action)."""
-        results = tuple(self._actuator.reconcile())
+        """Settle open intents (a killed controller's, a shrink waiting for PENDING); dry-run: report only."""
+        results = tuple(self._actuator.reconcile(dry_run=self.dry_run, only_jobs=self._only_jobs))
         self._reconciled = True
         return results
 
@@ -231,7 +232,8 @@ class Controller:
         return self._plan(now, newest, jobs, facts, with_missing(verdicts, metas, self.config, now))
 
     def _reclaim_tick(self) -> TickReport:
-        reconciled = () if self._reconciled else self.reconcile()
+        # Live: every tick, so a shrink's hold ends released as soon as its job is PENDING.
+        reconciled = () if self._reconciled and self.dry_run else self.reconcile()
         assessment = self._incremental()
         if assessment.stale:
             age = "none" if assessment.newest_sample_ts is None else f"{assessment.now_ts - assessment.newest_sample_ts:.0f}s old"

@@ -7,6 +7,7 @@ both are read. `AllocTRES=...,gres/gpu=4,...` is the count of a running job.
 from __future__ import annotations
 
 import re
+import signal
 from collections.abc import Mapping
 from datetime import datetime
 
@@ -15,6 +16,7 @@ from ClusterShell.NodeSet import NodeSet
 from slurm_aigc.reclaim.config import UNCLASSIFIED
 from slurm_aigc.reclaim.ladder import JobFacts, job_class_of, opted_out
 from slurm_aigc.slurm import JobInfo
+from slurm_aigc.tags import trusted_tags
 
 _ALLOC_GPU_RE = re.compile(r"(?:^|,)gres/gpu=(\d+)")
 _ALLOC_SHARD_RE = re.compile(r"(?:^|,)gres/shard=(\d+)")
@@ -89,6 +91,32 @@ def is_held(job: JobInfo) -> bool:
     return job.state == "PENDING" and ("held" in job.reason.lower() or job.fields.get("Priority") == "0")
 
 
+def declared_signal(job: JobInfo) -> str:
+    """The signal the job declared it handles, `B:USR1` (batch shell) or `USR1` (steps); "" when none.
+
+    Slurm 22.05 shows a job's `--signal` neither in `scontrol show job` nor in `squeue --json`
+    (checked on 22.05.8), so the hook, which sees `job_desc.warn_signal`, or an admin stamps
+    it into the AdminComment, which job owners cannot write: `aigc_signal=USR1` (`--signal=USR1`)
+    or `aigc_signal=B.USR1` (`--signal=B:USR1`); a number (`10`) is read as that signal.
+    """
+    value = trusted_tags(job.admin_comment).get("signal", "")
+    batch, _, sig = value.rpartition(".")
+    name = _signal_name(sig)
+    if not name or batch not in ("", "B"):
+        return ""
+    return f"B:{name}" if batch else name
+
+
+def _signal_name(text: str) -> str:
+    """`USR1`, `SIGUSR1`, `10` -> `USR1`; "" for an unknown number."""
+    if text.isdigit():
+        try:
+            return signal.Signals(int(text)).name.removeprefix("SIG")
+        except ValueError:
+            return ""
+    return text.upper().removeprefix("SIG")
+
+
 def start_ts(job: JobInfo) -> float | None:
     return _epoch(job.start_time)
 
@@ -128,6 +156,7 @@ def job_facts(job: JobInfo, now_ts: float, shards_per_gpu_by_node: Mapping[str, 
         remaining_s=remaining_s(job, now_ts),
         shrinkable=bool(shrink_updates(job, 1)),
         shard_gpus=shard_gpus(job, shards_per_gpu_by_node or {}),
+        declared_signal=declared_signal(job),
     )
 
 

@@ -41,6 +41,9 @@ class JobFacts:
     remaining_s: float | None = None
     shrinkable: bool = True  # its GPU request is one we can rewrite (see jobs.shrink_updates)
     shard_gpus: float = 0.0  # its shards as GPU fractions (shards / shards per GPU of its node's type)
+    # The signal the job declared it handles, from a stamp only slurmctld/admins can write
+    # (`aigc_signal=B.USR1` in the AdminComment, read as `B:USR1`: see jobs.declared_signal); "" when none.
+    declared_signal: str = ""
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,7 @@ class PlannedAction:
     gpus_after: int
     gpu_hours_recovered: float | None
     message: str
+    skipped: tuple[str, ...] = ()  # earlier rungs of the ladder passed over, each with its reason
 
 
 @dataclass(frozen=True)
@@ -123,16 +127,39 @@ def exemption(facts: JobFacts, config: ReclaimConfig) -> str | None:
 
 def applicable(action: str, facts: JobFacts, verdict: Verdict, config: ReclaimConfig) -> bool:
     """Whether a ladder step may touch this job at all (else the ladder skips it)."""
+    return not_applicable(action, facts, verdict, config) is None
+
+
+def not_applicable(action: str, facts: JobFacts, verdict: Verdict, config: ReclaimConfig) -> str | None:
+    """Why a ladder step must not touch this job (the ladder then skips it), or None."""
     if action in {"requeue", "shrink"} and not (facts.batch and facts.requeue_allowed):
-        return False
+        return "not a batch job that allows requeue"
     if action == "shrink":
         used = verdict.gpus_used or 0
-        return facts.shrinkable and facts.num_nodes == 1 and 0 < used < facts.gpus
+        fits = facts.shrinkable and facts.num_nodes == 1 and 0 < used < facts.gpus
+        return None if fits else "GPU request cannot be lowered"
     if action == "signal":
-        return facts.batch
+        return signal_refusal(facts, config.signal)
     if action == "cancel":
-        return config.cancel_enabled
-    return True
+        return None if config.cancel_enabled else "cancel_enabled is false"
+    return None
+
+
+def signal_refusal(facts: JobFacts, signal: str) -> str | None:
+    """Why the `signal` step must not run: a job that does not trap the signal dies of it.
+
+    SIGUSR1's default action terminates a process, so only a job that declared it handles
+    the signal (`--signal`, stamped by the hook or an admin as `aigc_signal=` in the
+    AdminComment, which job owners cannot write) gets it.
+    """
+    if not facts.batch:
+        return "not a batch job"
+    declared = facts.declared_signal.rsplit(":", 1)[-1]
+    if not declared:
+        return f"job did not declare it handles SIG{signal} (no aigc_signal= stamp from --signal)"
+    if declared != signal:
+        return f"job declared SIG{declared}, not SIG{signal}"
+    return None
 
 
 def plan_job(
@@ -155,28 +182,35 @@ def plan_job(
         return Wait(facts.job_id, "an earlier action has no outcome yet (reconcile first)")
     if len(mine) >= config.max_actions_per_job:
         return Wait(facts.job_id, f"per-job cap of {config.max_actions_per_job} actions reached")
-    step = _next_step(verdict, facts, mine, config, dry)
+    step, skipped = _next_step(verdict, facts, mine, config, dry)
+    passed = "".join(f"; skipped {why}" for why in skipped)
     if step is None:
-        return Wait(facts.job_id, f"{verdict.kind}: ladder finished for this run of the job")
+        return Wait(facts.job_id, f"{verdict.kind}: ladder finished for this run of the job{passed}")
     index, action = step
     ready_at = _cooldown_end(facts, mine, config)
     if ready_at is not None and now_ts < ready_at:
-        return Wait(facts.job_id, f"cool-down after the previous step ({ready_at - now_ts:.0f}s left)", action, ready_at)
-    return _planned(verdict, facts, index, action, dry, config)
+        return Wait(facts.job_id, f"cool-down after the previous step ({ready_at - now_ts:.0f}s left){passed}",
+                    action, ready_at)
+    return _planned(verdict, facts, index, action, dry, config, skipped)
 
 
 def _next_step(
     verdict: Verdict, facts: JobFacts, mine: Iterable[PastAction], config: ReclaimConfig, dry: bool
-) -> tuple[int, str] | None:
+) -> tuple[tuple[int, str] | None, tuple[str, ...]]:
+    """The first step not yet taken, and the reasons of the signal steps passed over on the way."""
     assert verdict.kind is not None
     taken = {a.observation_key for a in mine}
     ladder = config.policy_for(facts.job_class).ladder.get(verdict.kind, ())
+    skipped: list[str] = []
     for index, action in enumerate(ladder):
-        if not applicable(action, facts, verdict, config):
+        why_not = not_applicable(action, facts, verdict, config)
+        if why_not is not None:
+            if action == "signal":  # the others are structural (never applicable to this job)
+                skipped.append(f"{action}: {why_not}")
             continue
         if observation_key(facts.job_id, facts.restarts, verdict.kind, index, action, dry) not in taken:
-            return index, action
-    return None
+            return (index, action), tuple(skipped)
+    return None, tuple(skipped)
 
 
 def _cooldown_end(facts: JobFacts, mine: Iterable[PastAction], config: ReclaimConfig) -> float | None:
@@ -185,7 +219,8 @@ def _cooldown_end(facts: JobFacts, mine: Iterable[PastAction], config: ReclaimCo
     return max(this_run) + config.cooldown_s if this_run else None
 
 
-def _planned(verdict: Verdict, facts: JobFacts, index: int, action: str, dry: bool, config: ReclaimConfig) -> PlannedAction:
+def _planned(verdict: Verdict, facts: JobFacts, index: int, action: str, dry: bool, config: ReclaimConfig,
+             skipped: tuple[str, ...] = ()) -> PlannedAction:
     assert verdict.kind is not None
     gpus_after = {"shrink": verdict.gpus_used or facts.gpus, "requeue": 0, "cancel": 0}.get(action, facts.gpus)
     # Requeue/cancel free the shards too; a shrink frees whole GPUs only.
@@ -206,6 +241,7 @@ def _planned(verdict: Verdict, facts: JobFacts, index: int, action: str, dry: bo
         gpus_after=gpus_after,
         gpu_hours_recovered=None if recovered is None else round(recovered, 3),
         message=_message(verdict, facts, action, index, config),
+        skipped=skipped,
     )
 
 

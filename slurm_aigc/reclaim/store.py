@@ -94,6 +94,13 @@ class ReclaimStore:
             merged = {**_load_detail(row.detail), **detail}
             row.state, row.ts_outcome, row.detail = state, now_ts, json.dumps(merged, sort_keys=True)
 
+    def record_progress(self, action_id: int, detail: Mapping[str, Any]) -> None:
+        """Merge `detail` into an intent that stays open (a shrink waiting for its job to be PENDING)."""
+        with transaction(self._factory) as session:
+            row = session.get(ActionRecord, action_id)
+            if row is not None:
+                row.detail = json.dumps({**_load_detail(row.detail), **detail}, sort_keys=True)
+
     def open_intents(self) -> list[ActionRow]:
         """Live intents without an outcome: the controller stopped between the two writes."""
         query = select(ActionRecord).where(ActionRecord.state == "intent", ActionRecord.dry_run.is_(False))

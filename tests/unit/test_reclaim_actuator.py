@@ -90,7 +90,7 @@ def test_requeue_runs_once_per_observation(store: ReclaimStore) -> None:
     assert fake.jobs["7"].restarts == 1
     again = actuator.apply(plan("requeue"), show(fake))
     assert again.state == "duplicate"
-    assert [c for c in fake.mutations() if c[1] == "requeue"] == [["scontrol", "requeue", "7"]]
+    assert [c for c in fake.mutations() if c[1] == "requeue"] == [["scontrol", "requeue", "Incomplete", "7"]]
 
 
 def test_failed_command_is_recorded_as_failed(store: ReclaimStore) -> None:
@@ -110,13 +110,14 @@ def test_dry_run_records_what_it_would_do_and_changes_nothing(store: ReclaimStor
     assert fake.mutations() == [] and mails == []
     rows = store.audit()
     assert [r.dry_run for r in rows] == [True, True, True]
-    assert rows[1].detail["commands"] == ["scontrol requeue 7"]
-    assert rows[2].detail["commands"] == ["scontrol requeuehold 7", "scontrol update JobId=7 Gres=gpu:a100:1", "scontrol release 7"]
+    assert rows[1].detail["commands"] == ["scontrol requeue Incomplete 7"]
+    assert rows[2].detail["commands"] == ["scontrol requeuehold Incomplete 7", "scontrol update JobId=7 Gres=gpu:a100:1",
+                                          "scontrol release 7"]
 
 
 def test_shrink_waits_for_pending_updates_gres_and_releases(store: ReclaimStore) -> None:
     fake, actuator, clock, _ = setup(store)
-    fake.pending_after_polls = 3
+    fake.pending_after_polls = 6  # job reads until the requeued job leaves COMPLETING
     result = actuator.apply(plan("shrink", gpus_after=1), show(fake))
     assert result.state == "done", result.detail
     job = fake.jobs["7"]
@@ -189,11 +190,22 @@ def test_merge_admin_comment_replaces_only_our_note() -> None:
     assert len(merge_admin_comment("x" * 1000, "aigc-reclaim: new")) == 480
 
 
-def test_signal_goes_to_the_batch_step(store: ReclaimStore) -> None:
-    fake, actuator, _, _ = setup(store)
+def test_signal_goes_where_the_job_declared_it_handles_it(store: ReclaimStore) -> None:
+    fake, actuator, _, _ = setup(store, admin_comment="aigc_class=train aigc_signal=B.USR1")
     assert planned_commands(plan("signal"), show(fake), CONFIG) == [["scancel", "--signal=USR1", "--batch", "7"]]
     assert actuator.apply(plan("signal"), show(fake)).state == "done"
     assert fake.jobs["7"].state == "RUNNING"
+    fake.jobs["7"].admin_comment = "aigc_class=train aigc_signal=10"  # --signal=USR1: the steps, not the shell
+    assert planned_commands(plan("signal"), show(fake), CONFIG) == [["scancel", "--signal=USR1", "7"]]
+
+
+def test_signal_to_a_job_that_did_not_declare_it_is_skipped_with_its_reason(store: ReclaimStore) -> None:
+    # SIGUSR1's default action ends a batch script that does not trap it.
+    fake, actuator, _, _ = setup(store, comment="aigc_signal=B.USR1")  # user text proves nothing
+    result = actuator.apply(plan("signal"), show(fake))
+    assert result.state == "skipped"
+    assert "did not declare it handles SIGUSR1" in store.audit()[0].detail["skipped"]
+    assert fake.mutations() == []
 
 
 def test_actions_store_syncs_every_commit_to_disk(tmp_path: Path) -> None:
@@ -201,3 +213,115 @@ def test_actions_store_syncs_every_commit_to_disk(tmp_path: Path) -> None:
     factory = open_database(f"sqlite:///{tmp_path / 'state.db'}")
     with factory() as session:
         assert session.connection().exec_driver_sql("PRAGMA synchronous").scalar() == 2  # FULL
+
+
+def finish_epilog(fake: FakeSlurm, job_id: str = "7") -> None:
+    """The requeued job's epilog ends: Slurm shows it PENDING, still held."""
+    job = fake.jobs[job_id]
+    assert (job.state, job.priority) == ("COMPLETING", 0)
+    job.state = "PENDING"
+
+
+def slow_epilog(store: ReclaimStore) -> tuple[FakeSlurm, Actuator, Clock]:
+    fake, _, clock, _ = setup(store)
+    fake.pending_after_polls = 10_000  # stays COMPLETING until finish_epilog
+    actuator = Actuator(SlurmCli(runner=fake), store, CONFIG, clock=clock, sleep=clock.sleep, pending_wait_s=5.0)
+    return fake, actuator, clock
+
+
+def test_requeue_of_a_job_that_ended_since_the_tick_read_it_is_skipped(store: ReclaimStore) -> None:
+    fake, actuator, _, _ = setup(store)
+    decided_on = show(fake)
+    fake.jobs["7"].state = "COMPLETED"
+    result = actuator.apply(plan("requeue"), decided_on)
+    assert (result.state, result.detail["skipped"]) == ("skipped", "job is COMPLETED now, no longer RUNNING")
+    assert fake.mutations() == [] and fake.jobs["7"].restarts == 0
+    assert store.audit()[0].state == "skipped"
+
+
+def test_requeue_of_a_job_that_ends_right_before_the_command_does_not_run_it_again(store: ReclaimStore) -> None:
+    fake, _, clock, _ = setup(store)
+
+    def job_ends(_: PlannedAction) -> None:  # between the re-read and `scontrol requeue`
+        fake.jobs["7"].state = "COMPLETED"
+
+    actuator = Actuator(SlurmCli(runner=fake), store, CONFIG, clock=clock, after_intent=job_ends)
+    result = actuator.apply(plan("requeue"), show(fake))
+    assert fake.mutations() == [["scontrol", "requeue", "Incomplete", "7"]]
+    assert (fake.jobs["7"].state, fake.jobs["7"].restarts) == ("COMPLETED", 0)
+    assert result.state == "skipped" and "had ended" in result.detail["skipped"]
+
+
+def test_action_on_a_job_restarted_or_opted_out_since_the_tick_is_skipped(store: ReclaimStore) -> None:
+    fake, actuator, _, _ = setup(store)
+    decided_on = show(fake)
+    fake.jobs["7"].restarts = 1
+    assert "restarted meanwhile" in actuator.apply(plan("requeue"), decided_on).detail["skipped"]
+    fake.jobs["7"].restarts = 0
+    fake.jobs["7"].admin_comment = "aigc_class=train aigc_reclaim=no"
+    assert "opted out" in actuator.apply(plan("notify", step=0), decided_on).detail["skipped"]
+    assert fake.mutations() == []
+
+
+def test_notify_keeps_the_hooks_stamp_in_front(store: ReclaimStore) -> None:
+    fake, actuator, _, _ = setup(store, admin_comment="aigc_class=train; site: " + "x" * 600)
+    actuator.apply(plan("notify", step=0), show(fake))
+    written = fake.jobs["7"].admin_comment
+    assert written.startswith("aigc_class=train; ") and written.endswith("because; notify")
+    assert len(written) <= 480
+
+
+def test_shrink_not_pending_in_time_stays_open_and_is_released_on_a_later_tick(store: ReclaimStore) -> None:
+    fake, actuator, _ = slow_epilog(store)
+    result = actuator.apply(plan("shrink", gpus_after=1), show(fake))
+    assert result.state == "intent" and "not PENDING" in result.detail["open"]
+    [row] = store.audit()
+    assert (row.state, row.detail["phase"]) == ("intent", "waiting_pending")
+    assert [r.state for r in actuator.reconcile()] == ["intent"]  # epilog still running: wait
+    finish_epilog(fake)
+    [settled] = actuator.reconcile()
+    assert settled.state == "done", settled.detail
+    job = fake.jobs["7"]
+    assert (job.gpus, job.priority, job.restarts) == (1, 100, 1)
+    assert [c[1] for c in fake.mutations()] == ["requeuehold", "update", "release"]
+    assert actuator.reconcile() == []
+
+
+def test_a_restarted_controller_releases_the_hold_of_a_shrink_it_left_waiting(store: ReclaimStore) -> None:
+    fake, actuator, clock = slow_epilog(store)
+    actuator.apply(plan("shrink", gpus_after=1), show(fake))
+    finish_epilog(fake)
+    restarted = Actuator(SlurmCli(runner=fake), store, CONFIG, clock=clock)
+    [settled] = restarted.reconcile()
+    assert (settled.state, fake.jobs["7"].priority, fake.jobs["7"].gpus) == ("done", 100, 1)
+
+
+def test_a_failed_release_is_retried_until_the_job_is_free(store: ReclaimStore) -> None:
+    fake, actuator, _, _ = setup(store)
+    fake.fail["scontrol release"] = "Unable to contact slurm controller"
+    result = actuator.apply(plan("shrink", gpus_after=1), show(fake))
+    assert result.state == "intent" and result.detail["phase"] == "release_failed"
+    assert fake.jobs["7"].priority == 0
+    del fake.fail["scontrol release"]
+    [settled] = actuator.reconcile()
+    assert settled.state == "done" and fake.jobs["7"].priority == 100
+
+
+def test_a_shrink_whose_job_is_cancelled_while_held_is_closed(store: ReclaimStore) -> None:
+    fake, actuator, _ = slow_epilog(store)
+    actuator.apply(plan("shrink", gpus_after=1), show(fake))
+    fake.jobs["7"].state = "CANCELLED"
+    [settled] = actuator.reconcile()
+    assert settled.state == "failed" and "nothing left held" in settled.detail["error"]
+    assert actuator.reconcile() == []
+
+
+def test_dry_run_reconcile_of_a_half_done_shrink_changes_nothing(store: ReclaimStore) -> None:
+    fake, actuator, _ = slow_epilog(store)
+    actuator.apply(plan("shrink", gpus_after=1), show(fake))
+    finish_epilog(fake)
+    before = len(fake.mutations())
+    [report] = actuator.reconcile(dry_run=True)
+    assert report.dry_run and "would finish the shrink" in report.detail["result"]
+    assert len(fake.mutations()) == before and fake.jobs["7"].priority == 0
+    assert [r.state for r in store.audit()] == ["intent"]

@@ -209,3 +209,22 @@ def test_cli_idle_list_and_audit(db_url: str, monkeypatch: pytest.MonkeyPatch, t
     [row] = json.loads(audited.output)
     assert (row["action"], row["state"], row["dry_run"]) == ("notify", "skipped", True)
     assert runner.invoke(cli.audit, ["--db", db_url, "--action", "requeue"]).output.strip() == "no actions recorded"
+
+
+def test_dry_run_leaves_a_half_done_shrink_alone(db_url: str) -> None:
+    # A live controller died after `requeuehold`: the job is held. A dry-run start must not finish it.
+    fake = FakeSlurm(jobs={"7": FakeJob("7", gpus=4, state="PENDING", reason="job_requeued_in_held_state",
+                                        priority=0, restarts=1)})
+    add_samples(db_url, "8", 1, START + 200.0)
+    store = ReclaimStore(open_database(db_url))
+    from slurm_aigc.reclaim.ladder import PlannedAction
+    store.record_intent(PlannedAction("7/r0/over_allocated/1:shrink", "7", "u", "a", "train", "over_allocated", "shrink",
+                                      1, False, 0, 4, 1, None, "m"), {"restarts_before": 0}, START + 100.0)
+    controller, _ = make(db_url, fake, START + 200.0, dry_run=True)
+    [report] = controller.tick().reconciled
+    assert report.dry_run and "would finish the shrink" in report.detail["result"]
+    assert fake.mutations() == []
+    assert [r.state for r in store.audit()] == ["intent"]
+    live, _ = make(db_url, fake, START + 200.0)
+    [settled] = live.tick().reconciled
+    assert settled.state == "done" and (fake.jobs["7"].gpus, fake.jobs["7"].priority) == (1, 100)

@@ -165,3 +165,14 @@ def test_requeue_of_a_shard_job_recovers_its_gpu_fraction() -> None:
     second = plan_job(verdict("idle"), shard_job, (done(first, NOW),), CONFIG, NOW + 61)
     assert isinstance(second, PlannedAction) and second.action == "requeue"
     assert second.gpu_hours_recovered == 0.25
+
+
+def test_signal_step_only_for_jobs_that_declared_the_signal_else_skipped_with_reason() -> None:
+    config = replace(CONFIG, defaults=replace(CONFIG.defaults, ladder={"fake_busy": ("signal", "requeue")}))
+    plan = plan_job(verdict("fake_busy"), FACTS, (), config, NOW)
+    assert isinstance(plan, PlannedAction) and plan.action == "requeue"
+    assert plan.skipped == ("signal: job did not declare it handles SIGUSR1 (no aigc_signal= stamp from --signal)",)
+    declared = plan_job(verdict("fake_busy"), replace(FACTS, declared_signal="B:USR1"), (), config, NOW)
+    assert isinstance(declared, PlannedAction) and (declared.action, declared.skipped) == ("signal", ())
+    other = plan_job(verdict("fake_busy"), replace(FACTS, declared_signal="TERM"), (), config, NOW)
+    assert isinstance(other, PlannedAction) and other.skipped == ("signal: job declared SIGTERM, not SIGUSR1",)
