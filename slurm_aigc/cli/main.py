@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("slurm_aigc.cli.replay", "replay"),
     "demo": ("slurm_aigc.cli.demo", "demo"),
     "shipped": ("slurm_aigc.cli.shipped", "shipped"),
+    "gpu-check": ("slurm_aigc.cli.gpucheck", "gpu_check"),
 }
 
 
