@@ -7,6 +7,7 @@ prometheus_client is imported only when metrics are asked for.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from typing import Any, Protocol
 
@@ -15,6 +16,9 @@ from slurm_aigc.errors import AigcError
 from slurm_aigc.telemetry.records import NodeReading
 
 LOG = logging.getLogger(__name__)
+# Loopback unless the site says otherwise: the metrics name nodes, jobs' GPUs and their use,
+# and have no authentication (a Prometheus on another host: set agent.metrics_address).
+DEFAULT_METRICS_ADDRESS = "127.0.0.1"
 
 # (metric suffix, GpuReading attribute, help)
 _GPU_GAUGES = (
@@ -77,15 +81,20 @@ class PrometheusMetrics:
                                        ["node"], registry=self.registry)
         self._daemon = daemon
 
-    def serve(self, port: int, address: str = "") -> None:
-        """Expose /metrics on `port` (a background thread of prometheus_client)."""
+    def serve(self, port: int, address: str = DEFAULT_METRICS_ADDRESS) -> None:
+        """Expose /metrics on `address`:`port` (a background thread of prometheus_client).
+
+        prometheus_client's own default address is every interface; ours is loopback.
+        """
         try:
-            # prometheus_client's default address listens on every interface.
-            extra = {"addr": address} if address else {}
-            self._prom.start_http_server(port, registry=self.registry, **extra)
+            ipaddress.ip_address(address)
+        except ValueError:
+            raise MetricsError(f"metrics address must be an IP address (127.0.0.1, ::1, 0.0.0.0), got {address!r}") from None
+        try:
+            self._prom.start_http_server(port, addr=address, registry=self.registry)
         except OSError as error:
-            raise MetricsError(f"cannot serve metrics on port {port}: {error}") from error
-        LOG.info("metrics on http://%s:%d/metrics", address or "<all addresses>", port)
+            raise MetricsError(f"cannot serve metrics on {address} port {port}: {error}") from error
+        LOG.info("metrics on http://%s:%d/metrics", address, port)
 
     def observe_reading(self, reading: NodeReading) -> None:
         """Set the per-GPU gauges from one poll; a field not available is left out."""
@@ -121,10 +130,10 @@ def _drop(gauge: Any, labels: tuple[str, ...]) -> None:
         pass
 
 
-def open_metrics(daemon: str, port: int | None) -> DaemonMetrics:
-    """Serving Prometheus metrics on `port`, or NullMetrics when no port is set."""
+def open_metrics(daemon: str, port: int | None, address: str | None = None) -> DaemonMetrics:
+    """Serving Prometheus metrics on `address` (None: loopback) and `port`, or NullMetrics without a port."""
     if port is None:
         return NullMetrics()
     metrics = PrometheusMetrics(daemon)
-    metrics.serve(port)
+    metrics.serve(port, address or DEFAULT_METRICS_ADDRESS)
     return metrics
