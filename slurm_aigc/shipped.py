@@ -20,7 +20,8 @@ HOOK = "job_submit_lua/aigc_hook.lua"
 HOOK_ENTRY = "job_submit_lua/job_submit.lua"
 AGENT_UNIT = "daemon/slurm-aigc-agent.service"
 CONTROLLER_UNIT = "daemon/slurm-aigc-controller.service"
-SHIPPED = (POLICY, HOOK, HOOK_ENTRY, AGENT_UNIT, CONTROLLER_UNIT)
+JOB_RECORD = "daemon/slurm-aigc-jobrecord"  # Prolog= and Epilog= (docs/telemetry.md)
+SHIPPED = (POLICY, HOOK, HOOK_ENTRY, AGENT_UNIT, CONTROLLER_UNIT, JOB_RECORD)
 
 
 def shipped_file(relative: str, package_dir: Path = PACKAGE_DIR) -> Path:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_aigc.localcluster.shape import ClusterShape, NodeSpec
+from slurm_aigc.shipped import JOB_RECORD, shipped_file
 
 CLUSTER_NAME = "aigc"
 ACCOUNT = "aigc"
@@ -104,6 +105,10 @@ def render_slurm_conf(shape: ClusterShape, layout: Layout) -> str:
         f"AccountingStorageTRES=gres/gpu,{gpu_tres},gres/shard",
         "AccountingStoreFlags=job_comment",
         "JobCompType=jobcomp/none",
+        # The agent learns each job's GPUs from these records, not from slurmctld (docs/telemetry.md).
+        f"Prolog={shipped_file(JOB_RECORD)}",
+        f"Epilog={shipped_file(JOB_RECORD)}",
+        "PrologFlags=Alloc",
         "",
     ]
     lines += [render_node_line(node, layout) for node in shape.nodes]

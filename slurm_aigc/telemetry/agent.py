@@ -3,13 +3,16 @@
 One `Agent.tick()` per interval (driven by `DaemonLoop`):
 
 1. read every GPU of the node from the backend (NVML or simulated);
-2. attribute each compute process to its Slurm job (cgroup path, else `scontrol pidinfo`)
-   and turn the reading into per-job per-GPU rows;
+2. attribute each compute process to its Slurm job (cgroup path, slurmstepd ancestry, else
+   `scontrol pidinfo`, which asks the local slurmd), learn each job's GPUs from the Prolog's
+   record on the node (else one slurmctld lookup per new job), and turn the reading into
+   per-job per-GPU rows; in steady state a poll makes no slurmctld RPC (docs/telemetry.md);
 3. store the poll (`gpu_samples`, `process_samples`, `job_gpu_samples`) in one transaction;
 4. unless dry-run, publish the node's STATIC features (GPU type, memory class, NVLink island
    size; names in `features.py`) at start, whenever they change, and every
    `feature_check_s` re-check that Slurm still has them (`scontrol reconfigure` and a
-   slurmctld restart forget `scontrol update`), merging into the node's existing features.
+   slurmctld restart forget `scontrol update`; the publisher re-asserts them in bulk in
+   between), merging into the node's existing features.
 
 A Slurm outage does not stop sampling: a failed publication is logged and retried on the
 next tick while samples keep being stored.
@@ -29,7 +32,7 @@ from slurm_aigc.errors import AigcError
 from slurm_aigc.slurm import SlurmCli
 from slurm_aigc.telemetry import features as feat
 from slurm_aigc.telemetry.config import AgentConfig, load_agent_config
-from slurm_aigc.telemetry.gres import node_gpu_allocations
+from slurm_aigc.telemetry.gres import job_gpu_indices
 from slurm_aigc.telemetry.metrics import DaemonMetrics, NullMetrics, open_metrics
 from slurm_aigc.telemetry.records import GpuBackend, NodeReading
 from slurm_aigc.telemetry.store import JobGpuUse, Publication, TelemetryStore
@@ -40,8 +43,8 @@ LOG = logging.getLogger(__name__)
 PidAttributor = Callable[[Sequence[int]], Mapping[int, "str | None"]]
 # A reading, the pid -> job map and job -> allocated GPU indices -> a job's use of each GPU.
 UseSplitter = Callable[[NodeReading, Mapping[int, "str | None"], "Mapping[str, Sequence[int]] | None"], Sequence[JobGpuUse]]
-# The GPU indices Slurm gave each running job on this node.
-AllocationSource = Callable[[], "Mapping[str, Sequence[int]]"]
+# The pid -> job map of this poll -> the GPU indices Slurm gave each job on this node.
+AllocationSource = Callable[[Mapping[int, "str | None"]], "Mapping[str, Sequence[int]]"]
 # Topology text -> NVLink islands (raises AigcError when the text is not a topo -m matrix).
 IslandParser = Callable[[str], list[list[int]]]
 
@@ -121,7 +124,7 @@ class Agent:
         reading = self._backend.read()
         pids = sorted({proc.pid for gpu in reading.gpus for proc in gpu.processes})
         pid_jobs = self._attribute(pids) if pids else {}
-        uses = self._split_uses(reading, pid_jobs, self._read_allocations())
+        uses = self._split_uses(reading, pid_jobs, self._read_allocations(pid_jobs))
         written = self._store.write_poll(reading, pid_jobs, uses) if self._store is not None else 0
         self._metrics.observe_reading(reading)
         published = self._publish(reading) if self.config.publish_features else None
@@ -135,12 +138,12 @@ class Agent:
     def close(self) -> None:
         self._backend.close()
 
-    def _read_allocations(self) -> Mapping[str, Sequence[int]] | None:
+    def _read_allocations(self, pid_jobs: Mapping[int, str | None]) -> Mapping[str, Sequence[int]] | None:
         """Which GPUs each job holds, so a job idling on an allocated GPU shows as a zero row."""
         if self._allocations is None:
             return None
         try:
-            return self._allocations()
+            return self._allocations(pid_jobs)
         except AigcError as error:
             LOG.warning("agent: cannot read GPU allocations (rows only for GPUs in use): %s", error)
             return None
@@ -200,27 +203,13 @@ class Agent:
         return merged
 
 
-class NodeAllocations:
-    """The GPU indices each running job holds on `node` (an `AllocationSource`).
+def slurm_allocation_lookup(slurm: SlurmCli, node: str) -> Callable[[str], frozenset[int]]:
+    """`SlurmCli.job(ID)` (JSON) -> the GPU indices of job ID on `node` (one slurmctld RPC)."""
+    def lookup(job_id: str) -> frozenset[int]:
+        job = slurm.job(job_id)
+        return job_gpu_indices(job, node) if job is not None else frozenset()
 
-    `squeue -h -w NODE -t RUNNING -o %A` every call (one cheap RPC), and
-    `scontrol -d show job -o ID` once per new job: an allocation does not change while the
-    job runs, and `scontrol -d show job` of every job would cost the controller far more.
-    """
-
-    def __init__(self, slurm: SlurmCli, node: str) -> None:
-        self._slurm = slurm
-        self._node = node
-        self._known: dict[str, frozenset[int]] = {}
-
-    def __call__(self) -> Mapping[str, Sequence[int]]:
-        running = self._slurm.run("squeue", ["-h", "-w", self._node, "-t", "RUNNING", "-o", "%A"]).stdout.split()
-        self._known = {job: self._known[job] if job in self._known else self._lookup(job) for job in running}
-        return {job: sorted(gpus) for job, gpus in self._known.items() if gpus}
-
-    def _lookup(self, job_id: str) -> frozenset[int]:
-        text = self._slurm.run("scontrol", ["-d", "show", "job", "-o", job_id]).stdout
-        return node_gpu_allocations(text, self._node).get(job_id, frozenset())
+    return lookup
 
 
 # --------------------------------------------------------------------------- wiring
@@ -255,7 +244,8 @@ def effective_config(options: AgentOptions) -> AgentConfig:
 def build_agent(options: AgentOptions, config: AgentConfig, metrics: DaemonMetrics) -> Agent:
     """The production agent: real backend, database, Slurm tools, /proc attribution."""
     from slurm_aigc.db import open_database
-    from slurm_aigc.telemetry.attribution import Attributor, job_gpu_usage
+    from slurm_aigc.telemetry.attribution import Attributor, JobAllocations, job_gpu_usage
+    from slurm_aigc.telemetry.procfs import JobRecordDir, ProcFs
     from slurm_aigc.telemetry.simgpu import open_backend
     from slurm_aigc.telemetry.topology import parse_topo_matrix
 
@@ -263,13 +253,15 @@ def build_agent(options: AgentOptions, config: AgentConfig, metrics: DaemonMetri
     slurm = SlurmCli()
     backend = open_backend("sim" if config.backend == "sim" else "nvml", node, Path(config.simgpu_dir))
     store = None if options.dry_run else TelemetryStore(open_database(options.db_url))
-    attributor = Attributor(slurm)
+    proc = ProcFs()
+    attributor = Attributor(slurm, proc)
+    allocations = JobAllocations(node, JobRecordDir(node).read, slurm_allocation_lookup(slurm, node), proc)
 
     return Agent(
         node, backend, store, slurm, config,
         attribute=attributor.jobs_of, split_uses=job_gpu_usage,
         parse_islands=lambda text: parse_topo_matrix(text).nvlink_islands(),
-        allocations=NodeAllocations(slurm, node), dry_run=options.dry_run, metrics=metrics,
+        allocations=allocations, dry_run=options.dry_run, metrics=metrics,
     )
 
 

@@ -1,13 +1,22 @@
-"""GPU process -> Slurm job, and per-job per-GPU usage from one node reading.
+"""GPU process -> Slurm job, job -> GPUs, and per-job per-GPU usage from one node reading.
 
-Lookup order: the pid's cgroup path (`/proc/<pid>/cgroup`, written by Slurm's cgroup
+Pure: every read of the node goes through a `ProcView` (`procfs.ProcFs` in production) or a
+callable handed in, so this module does no I/O and tests hand in fakes.
+
+pid -> job, in order: the pid's cgroup path (`/proc/<pid>/cgroup`, written by Slurm's cgroup
 plugin, what Princeton's jobstats relies on); then the pid's ancestry, as
 `proctrack/linuxproc` itself tracks jobs: the nearest root-owned `slurmstepd` ancestor
 names its step in its command line (`slurmstepd: [123.batch]`); then Slurm's own
-lookup (`scontrol pidinfo <pid>`, which asks the slurmd of this host and so fails when
-several slurmd share a host, as on the local cluster). Results are cached per (pid,
-process start time) for `ttl_s`, so a reused pid is never mistaken for the old process
-and `scontrol` is not run for every process at every poll.
+lookup (`scontrol pidinfo <pid>`, which asks the slurmd of this host, not slurmctld, and
+so fails when several slurmd share a host, as on the local cluster). Results are cached
+per (pid, process start time) for `ttl_s`, so a reused pid is never mistaken for the old
+process. A process's own `SLURM_JOB_ID` is not used: a process can rewrite its environment.
+
+job -> GPU indices (`JobAllocations`), in order: the record the shipped Prolog wrote for
+the job on this node (root-owned, see `daemon/slurm-aigc-prolog`); else one lookup per
+new job (`scontrol -d show job -o ID`, the only slurmctld RPC an agent makes for a job);
+else, while that lookup fails, `SLURM_JOB_GPUS` from the job's processes' environment
+(a hint: a process can rewrite its environment, so it is never preferred to Slurm).
 
 Splitting a shared GPU (shards, MPS, or several jobs on one GPU) between jobs:
 each job's memory is the sum of its processes' memory. The GPU's SM utilization (the
@@ -20,17 +29,16 @@ one job has processes on (or is allocated) the GPU.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol
 
 from slurm_aigc.errors import AigcError
 from slurm_aigc.telemetry.records import GpuProcess, GpuReading, NodeReading
-from slurm_aigc.telemetry.simgpu import process_start_ticks
 
 LOG = logging.getLogger(__name__)
 
@@ -38,6 +46,20 @@ LOG = logging.getLogger(__name__)
 # cgroup v2: /system.slice/slurmstepd.scope/job_123/step_batch/user/task_0
 #            (or /system.slice/<node>_slurmstepd.scope/... with multiple slurmd)
 _SLURM_JOB_RE = re.compile(r"/[^/]*slurm[^/]*/(?:[^/]+/)*?job_(\d+)(?:/|$)")
+
+
+class ProcView(Protocol):
+    """What attribution reads of `/proc/<pid>/...` (`procfs.ProcFs`); None when the pid is gone."""
+
+    def stat(self, pid: int) -> str | None: ...
+
+    def status(self, pid: int) -> str | None: ...
+
+    def cmdline(self, pid: int) -> str | None: ...
+
+    def cgroup(self, pid: int) -> str | None: ...
+
+    def environ(self, pid: int) -> str | None: ...
 
 
 def job_from_cgroup(cgroup_text: str) -> str | None:
@@ -61,38 +83,48 @@ def job_from_stepd_cmdline(cmdline: str) -> str | None:
     return match.group(1) if match else None
 
 
-def job_from_ancestry(proc_root: Path, pid: int, max_depth: int = 64) -> str | None:
+def stat_fields(stat: str) -> tuple[str, list[str]]:
+    """`/proc/<pid>/stat` -> (comm, fields from state on); comm may hold spaces and parentheses."""
+    return stat[stat.find("(") + 1 : stat.rfind(")")], stat[stat.rfind(")") + 2 :].split()
+
+
+def start_ticks_of(stat: str | None) -> int | None:
+    """Start time in clock ticks since boot (`/proc/<pid>/stat` field 22), None if unknown."""
+    if stat is None:
+        return None
+    fields = stat_fields(stat)[1]
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def uid_of(status: str | None) -> int | None:
+    """The real uid from `/proc/<pid>/status` (`Uid:` line), None if unknown."""
+    for line in (status or "").splitlines():
+        if line.startswith("Uid:"):
+            parts = line.split()
+            return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
+    return None
+
+
+def job_from_ancestry(proc: ProcView, pid: int, max_depth: int = 64) -> str | None:
     """Walk parent pids up to the nearest `slurmstepd` owned by root; its step names the job.
 
     Requiring uid 0 keeps a user's process renamed to `slurmstepd` from claiming a job.
     """
     current = pid
     for _ in range(max_depth):
-        stat = _read(proc_root / str(current) / "stat")
+        stat = proc.stat(current)
         if stat is None or current <= 1:
             return None
-        fields = stat[stat.rfind(")") + 2 :].split()
-        comm = stat[stat.find("(") + 1 : stat.rfind(")")]
-        if comm == "slurmstepd" and _uid(proc_root, current) == 0:
-            return job_from_stepd_cmdline(_read(proc_root / str(current) / "cmdline") or "")
+        comm, fields = stat_fields(stat)
+        if comm == "slurmstepd" and uid_of(proc.status(current)) == 0:
+            return job_from_stepd_cmdline(proc.cmdline(current) or "")
         try:
             current = int(fields[1])
         except (IndexError, ValueError):
             return None
-    return None
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return None
-
-
-def _uid(proc_root: Path, pid: int) -> int | None:
-    for line in (_read(proc_root / str(pid) / "status") or "").splitlines():
-        if line.startswith("Uid:"):
-            return int(line.split()[1])
     return None
 
 
@@ -117,12 +149,12 @@ class Attributor:
     def __init__(
         self,
         slurm: PidLookup | None,
-        proc_root: Path = Path("/proc"),
+        proc: ProcView,
         ttl_s: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.slurm = slurm
-        self.proc_root = Path(proc_root)
+        self.proc = proc
         self.ttl_s = ttl_s
         self.clock = clock
         self._cache: dict[int, _Entry] = {}
@@ -130,7 +162,7 @@ class Attributor:
     def job_of(self, pid: int) -> str | None:
         """The Slurm job id of `pid`, or None when it is in no job (or is gone)."""
         now = self.clock()
-        ticks = process_start_ticks(self.proc_root, pid)
+        ticks = start_ticks_of(self.proc.stat(pid))
         entry = self._cache.get(pid)
         if entry is not None and entry.expires_s > now and entry.start_ticks == ticks:
             return entry.job_id
@@ -145,9 +177,9 @@ class Attributor:
         return {pid: self.job_of(pid) for pid in pids}
 
     def _lookup(self, pid: int) -> str | None:
-        job_id = job_from_cgroup(_read(self.proc_root / str(pid) / "cgroup") or "")
+        job_id = job_from_cgroup(self.proc.cgroup(pid) or "")
         if job_id is None:
-            job_id = job_from_ancestry(self.proc_root, pid)
+            job_id = job_from_ancestry(self.proc, pid)
         if job_id is not None or self.slurm is None:
             return job_id
         try:
@@ -155,6 +187,152 @@ class Attributor:
         except AigcError as error:
             LOG.warning("scontrol pidinfo %d failed: %s", pid, error)
             return None
+
+
+# --------------------------------------------------------------------------- job -> GPUs
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """What the Prolog recorded of a job on this node (`daemon/slurm-aigc-prolog`)."""
+
+    job_id: str
+    node: str
+    gpus: frozenset[int]
+    user: str | None = None
+    account: str | None = None
+    admin_comment: str | None = None
+
+
+def parse_job_record(text: str, job_id: str, node: str) -> JobRecord:
+    """A Prolog record's JSON; raises AigcError naming what is wrong (wrong job, node, GPUs)."""
+    try:
+        document = json.loads(text)
+    except ValueError as error:
+        raise AigcError(f"job record {job_id}: not JSON ({error})") from error
+    if not isinstance(document, dict):
+        raise AigcError(f"job record {job_id}: not a JSON object")
+    if str(document.get("job_id")) != job_id or document.get("node") != node:
+        raise AigcError(f"job record {job_id}: names job {document.get('job_id')!r} on node "
+                        f"{document.get('node')!r}, expected {job_id} on {node}")
+    gpus = document.get("gpus")
+    if not isinstance(gpus, list) or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus):
+        raise AigcError(f"job record {job_id}: gpus must be a list of GPU indices, got {gpus!r}")
+    return JobRecord(job_id, node, frozenset(gpus), *(_text(document, k) for k in ("user", "account", "admin_comment")))
+
+
+def _text(document: Mapping[str, object], key: str) -> str | None:
+    value = document.get(key)
+    return value if isinstance(value, str) and value else None
+
+
+def parse_index_env(value: str | None) -> frozenset[int] | None:
+    """`0,2-3` -> {0, 2, 3}; None when unset or not an index list (Slurm's `SLURM_JOB_GPUS` form)."""
+    if not value:
+        return None
+    found: set[int] = set()
+    for part in value.split(","):
+        first, dash, last = part.strip().partition("-")
+        if not first.isdigit() or (dash and not last.isdigit()):
+            return None
+        found.update(range(int(first), int(last or first) + 1))
+    return frozenset(found)
+
+
+def environ_value(environ: str | None, name: str) -> str | None:
+    """One variable of a NUL-separated `/proc/<pid>/environ`."""
+    prefix = name + "="
+    for entry in (environ or "").split("\0"):
+        if entry.startswith(prefix):
+            return entry[len(prefix):]
+    return None
+
+
+# job id -> the GPU indices Slurm gave it on this node (one slurmctld RPC).
+AllocationLookup = Callable[[str], frozenset[int]]
+
+
+@dataclass(frozen=True)
+class _Known:
+    gpus: frozenset[int]
+    retry_at: float | None  # set when Slurm could not be asked: only an environment hint so far
+
+
+class JobAllocations:
+    """job -> GPU indices on one node (an agent `AllocationSource`); rule in the module docstring.
+
+    A job is looked up at most once while it runs (again `retry_s` after a failed lookup),
+    and only when the Prolog left no record: in steady state this asks slurmctld nothing.
+    """
+
+    def __init__(
+        self,
+        node: str,
+        records: Callable[[], Mapping[str, str]] | None,
+        lookup: AllocationLookup | None,
+        proc: ProcView | None,
+        *,
+        retry_s: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.node = node
+        self._records = records
+        self._lookup = lookup
+        self._proc = proc
+        self._retry_s = retry_s
+        self._clock = clock
+        self._known: dict[str, _Known] = {}
+        self._recorded: dict[str, frozenset[int]] = {}
+        self._bad: set[str] = set()
+        self.lookups = 0  # slurmctld lookups made (the benchmark and tests read it)
+
+    def __call__(self, pid_jobs: Mapping[int, str | None]) -> Mapping[str, Sequence[int]]:
+        """The GPUs of every job that has a record or a process on this node now."""
+        running = {job for job in pid_jobs.values() if job is not None}
+        recorded = self._read_records()
+        # A record the Epilog just removed still holds while the job's processes exit.
+        ending = {job: gpus for job, gpus in self._recorded.items() if job in running and job not in recorded}
+        self._recorded = {**ending, **recorded}
+        self._known = {job: known for job, known in self._known.items() if job in running}
+        for job in sorted(running - set(self._recorded)):
+            self._known[job] = self._learn(job, pid_jobs)
+        found = {job: known.gpus for job, known in self._known.items()} | self._recorded
+        return {job: sorted(gpus) for job, gpus in found.items() if gpus}
+
+    def _read_records(self) -> dict[str, frozenset[int]]:
+        if self._records is None:
+            return {}
+        recorded = {}
+        for job, text in self._records().items():
+            try:
+                recorded[job] = parse_job_record(text, job, self.node).gpus
+            except AigcError as error:
+                if job not in self._bad:
+                    self._bad.add(job)
+                    LOG.warning("ignoring a job record: %s", error)
+        return recorded
+
+    def _learn(self, job: str, pid_jobs: Mapping[int, str | None]) -> _Known:
+        known = self._known.get(job)
+        if known is not None and (known.retry_at is None or self._clock() < known.retry_at):
+            return known
+        if self._lookup is not None:
+            self.lookups += 1
+            try:
+                return _Known(self._lookup(job), None)
+            except AigcError as error:
+                LOG.warning("cannot look up the GPUs of job %s (retrying in %.0fs): %s", job, self._retry_s, error)
+        hint = self._environ_gpus([pid for pid, owner in pid_jobs.items() if owner == job])
+        return _Known(hint, self._clock() + self._retry_s)
+
+    def _environ_gpus(self, pids: Sequence[int]) -> frozenset[int]:
+        if self._proc is None:
+            return frozenset()
+        for pid in sorted(pids):
+            gpus = parse_index_env(environ_value(self._proc.environ(pid), "SLURM_JOB_GPUS"))
+            if gpus is not None:
+                return gpus
+        return frozenset()
 
 
 # --------------------------------------------------------------------------- per-job rows

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from slurm_aigc.telemetry.attribution import Attributor, job_gpu_usage
+from slurm_aigc.telemetry.procfs import ProcFs
 from slurm_aigc.telemetry.records import NodeReading
 from slurm_aigc.telemetry.simgpu import SimGpuBackend
 from slurm_aigc.telemetry.topology import parse_topo_matrix
@@ -48,7 +49,7 @@ def test_gpu_load_job_is_seen_on_its_gpus_and_attributed(cluster: ClusterHandle)
         # Other tests' jobs may load the node's other GPUs, but never with our pid.
         assert all(pid not in [p.pid for p in g.processes] for g in reading.gpus if g.index not in expected)
 
-        attributor = Attributor(cluster.slurm)
+        attributor = Attributor(cluster.slurm, ProcFs())
         assert attributor.job_of(pid) == job_id
         rows = job_gpu_usage(reading, attributor.jobs_of([pid]))
         assert [(r.job_id, r.gpu_index, r.sm_util_pct) for r in rows] == [(job_id, i, 70.0) for i in sorted(expected)]
@@ -88,7 +89,7 @@ def test_two_shard_jobs_on_one_gpu_are_split_by_job(cluster: ClusterHandle) -> N
             return reading if {30.0, 50.0} <= found else None
 
         reading = wait_for(both_running, 30, f"both shard jobs' gpu-load on {node}")
-        attributor = Attributor(cluster.slurm)
+        attributor = Attributor(cluster.slurm, ProcFs())
         pids = [p.pid for g in reading.gpus for p in g.processes]
         rows = {r.job_id: r for r in job_gpu_usage(reading, attributor.jobs_of(pids)) if r.job_id in job_ids.values()}
         same_gpu = gpu_of["30"] == gpu_of["50"]

@@ -22,12 +22,12 @@ from slurm_aigc.db import (
     transaction,
 )
 from slurm_aigc.errors import ConfigError
+from slurm_aigc.policy.paths import shipped_policy
 from slurm_aigc.slurm import SlurmCli
 from slurm_aigc.telemetry import fakes
 from slurm_aigc.telemetry.agent import Agent, static_features
 from slurm_aigc.telemetry.attribution import job_gpu_usage
 from slurm_aigc.telemetry.config import (
-    DEFAULT_AGENT_YAML,
     AgentConfig,
     parse_agent_section,
 )
@@ -90,7 +90,7 @@ def test_static_features_of_named_machines() -> None:
 
 def test_a_poll_stores_gpus_processes_and_per_job_rows(store: TelemetryStore) -> None:
     slurm = FakeSlurm([FakeNode("dgx-01", features=["ib"])])
-    result = make_agent(fakes.dgx_a100(), slurm, store, Clock(), allocations=lambda: {"101": [0, 7]}).tick()
+    result = make_agent(fakes.dgx_a100(), slurm, store, Clock(), allocations=lambda _pid_jobs: {"101": [0, 7]}).tick()
     assert (result.gpus, result.lost, result.processes) == (8, 0, 3)
     assert count(store, GpuSample) == 8 and count(store, ProcessSample) == 3
     with transaction(store._factory) as session:
@@ -178,7 +178,7 @@ def test_publishing_off_and_unknown_topology() -> None:
 
 
 def test_agent_section_defaults_and_documented_yaml() -> None:
-    parsed = parse_agent_section(Node("f.yaml", "agent", yaml.safe_load(DEFAULT_AGENT_YAML)["agent"]))
+    parsed = parse_agent_section(Node("f.yaml", "agent", yaml.safe_load(shipped_policy().read_text())["agent"]))
     assert parsed == AgentConfig(simgpu_dir="/var/lib/slurm-aigc/simgpu")
     assert parsed.interval_s == 10.0 and parsed.backend == "nvml" and parsed.metrics_port is None
 
@@ -290,17 +290,14 @@ def test_the_shipped_policy_file_parses() -> None:
     assert load_scoring_config(str(shipped)).weight_min < load_scoring_config(str(shipped)).weight_max
 
 
-def test_node_allocations_look_each_job_up_once() -> None:
-    from slurm_aigc.telemetry.agent import NodeAllocations
+def test_slurm_allocation_lookup_reads_this_nodes_gpus() -> None:
+    from slurm_aigc.telemetry.agent import slurm_allocation_lookup
     from tests.unit.telemetry_fakes import FakeJob
 
     jobs = [FakeJob("7", "dgx-01", detail="Nodes=dgx-01 CPU_IDs=0 Mem=0 GRES=gpu:a100:2(IDX:0-1)"),
             FakeJob("8", "dgx-01", detail="Nodes=dgx-01 CPU_IDs=1 Mem=0 GRES=shard:10(IDX:3)"),
             FakeJob("9", "other", detail="Nodes=other CPU_IDs=1 Mem=0 GRES=gpu:a100:1(IDX:0)")]
     slurm = FakeSlurm([FakeNode("dgx-01")], jobs)
-    allocations = NodeAllocations(SlurmCli(runner=slurm), "dgx-01")
-    assert allocations() == {"7": [0, 1], "8": [3]}
-    jobs[0].state = "COMPLETED"
-    assert allocations() == {"8": [3]}
-    lookups = [call for call in slurm.calls if call[:4] == ["scontrol", "-d", "show", "job"]]
-    assert [call[-1] for call in lookups] == ["7", "8"]
+    lookup = slurm_allocation_lookup(SlurmCli(runner=slurm), "dgx-01")
+    assert (lookup("7"), lookup("8"), lookup("9")) == (frozenset({0, 1}), frozenset({3}), frozenset())
+    assert len([call for call in slurm.calls if "--json" in call]) == 3  # one job-info RPC per lookup

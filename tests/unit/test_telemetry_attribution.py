@@ -2,21 +2,30 @@
 
 from __future__ import annotations
 
+import json
+import os
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from slurm_aigc.errors import SlurmCommandError
+from slurm_aigc.errors import AigcError, SlurmCommandError
 from slurm_aigc.slurm import CommandResult, SlurmCli
 from slurm_aigc.telemetry.attribution import (
     Attributor,
+    JobAllocations,
     JobGpuUsage,
+    JobRecord,
     job_from_ancestry,
     job_from_cgroup,
     job_from_stepd_cmdline,
     job_gpu_usage,
+    parse_index_env,
+    parse_job_record,
+    start_ticks_of,
+    uid_of,
 )
+from slurm_aigc.telemetry.procfs import JobRecordDir, ProcFs
 from slurm_aigc.telemetry.records import GpuProcess, GpuReading, NodeReading
 
 V1 = """12:pids:/slurm/uid_1000/job_123/step_0/task_0
@@ -96,10 +105,10 @@ def test_ancestry_finds_the_root_owned_slurmstepd(tmp_path: Path) -> None:
     tree_proc(tmp_path, 45, 40, "slurmstepd", "slurmstepd: [99.0]", 1000)  # a user's fake
     tree_proc(tmp_path, 50, 45, "python3", "python3 serve.py", 1000)
     tree_proc(tmp_path, 60, 1, "python3", "python3 stray.py", 1000)
-    assert job_from_ancestry(tmp_path, 50) == "77"
-    assert job_from_ancestry(tmp_path, 60) is None
-    assert job_from_ancestry(tmp_path, 4242) is None
-    assert Attributor(SlurmCli(runner=FakeRunner({})), proc_root=tmp_path).job_of(50) == "77"
+    assert job_from_ancestry(ProcFs(tmp_path), 50) == "77"
+    assert job_from_ancestry(ProcFs(tmp_path), 60) is None
+    assert job_from_ancestry(ProcFs(tmp_path), 4242) is None
+    assert Attributor(SlurmCli(runner=FakeRunner({})), ProcFs(tmp_path)).job_of(50) == "77"
 
 
 class Clock:
@@ -115,7 +124,7 @@ def test_cgroup_first_then_scontrol_with_cache(tmp_path: Path) -> None:
     proc(tmp_path, 11, "0::/init.scope\n")  # not in a Slurm cgroup: ask slurmd
     runner = FakeRunner({11: "555"})
     clock = Clock()
-    attributor = Attributor(SlurmCli(runner=runner), proc_root=tmp_path, ttl_s=60, clock=clock)
+    attributor = Attributor(SlurmCli(runner=runner), ProcFs(tmp_path), ttl_s=60, clock=clock)
     assert attributor.jobs_of([10, 11, 12]) == {10: "4567", 11: "555", 12: None}
     assert [c[-1] for c in runner.calls] == ["11", "12"]
     attributor.jobs_of([10, 11, 12])
@@ -127,7 +136,7 @@ def test_cgroup_first_then_scontrol_with_cache(tmp_path: Path) -> None:
 
 def test_reused_pid_is_looked_up_again(tmp_path: Path) -> None:
     proc(tmp_path, 20, V2, start_ticks=1)
-    attributor = Attributor(None, proc_root=tmp_path, clock=Clock())
+    attributor = Attributor(None, ProcFs(tmp_path), clock=Clock())
     assert attributor.job_of(20) == "4567"
     proc(tmp_path, 20, V1, start_ticks=2)
     assert attributor.job_of(20) == "123"
@@ -138,7 +147,7 @@ def test_scontrol_failure_is_not_fatal(tmp_path: Path) -> None:
         def job_of_pid(self, pid: int) -> str | None:
             raise SlurmCommandError(["scontrol", "pidinfo", str(pid)], None, "timed out")
 
-    assert Attributor(Broken(), proc_root=tmp_path).job_of(5) is None
+    assert Attributor(Broken(), ProcFs(tmp_path)).job_of(5) is None
 
 
 # --------------------------------------------------------------------------- per-job rows
@@ -194,3 +203,132 @@ def test_allocations_add_zero_rows_and_lost_gpus_are_skipped() -> None:
 def test_util_unknown_stays_unknown() -> None:
     reading = node(GpuReading(0, sm_util_pct=None, processes=(GpuProcess(1, 100.0, None),)))
     assert job_gpu_usage(reading, {1: "a"})[0].sm_util_pct is None
+
+
+# --------------------------------------------------------------------------- job -> GPUs
+
+
+def record(job: str, node: str = "a100-01", gpus: object = (0, 1), **extra: object) -> str:
+    return json.dumps({"job_id": job, "node": node, "gpus": list(gpus) if isinstance(gpus, tuple) else gpus, **extra})
+
+
+class FakeProc:
+    """A ProcView with only environments (NUL-separated, as /proc/<pid>/environ)."""
+
+    def __init__(self, environ: dict[int, dict[str, str]]) -> None:
+        self.env = environ
+
+    def stat(self, pid: int) -> str | None:
+        return None
+
+    status = cmdline = cgroup = stat
+
+    def environ(self, pid: int) -> str | None:
+        return "\0".join(f"{k}={v}" for k, v in self.env.get(pid, {}).items()) + "\0" if pid in self.env else None
+
+
+class Lookups:
+    """An AllocationLookup answering from a table; counts calls and can fail."""
+
+    def __init__(self, table: dict[str, set[int]], fail: bool = False) -> None:
+        self.table, self.fail = table, fail
+        self.calls: list[str] = []
+
+    def __call__(self, job: str) -> frozenset[int]:
+        self.calls.append(job)
+        if self.fail:
+            raise SlurmCommandError(["scontrol", "-d", "show", "job", "-o", job], 1, "Socket timed out")
+        return frozenset(self.table.get(job, set()))
+
+
+def test_parse_job_record_reads_gpus_user_account_and_stamp() -> None:
+    parsed = parse_job_record(record("12", gpus=[3], user="alice", account="nlp", admin_comment="aigc_class=train"), "12", "a100-01")
+    assert parsed == JobRecord("12", "a100-01", frozenset({3}), "alice", "nlp", "aigc_class=train")
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [("{", "not JSON"), ("[1]", "not a JSON object"), (record("13"), "expected 12 on a100-01"),
+     (record("12", node="t4-01"), "expected 12 on a100-01"), (record("12", gpus=["0"]), "list of GPU indices"),
+     (record("12", gpus=[-1]), "list of GPU indices"), (record("12", gpus=[True]), "list of GPU indices")],
+)
+def test_bad_job_records_are_refused_with_the_reason(text: str, needle: str) -> None:
+    with pytest.raises(AigcError, match=needle):
+        parse_job_record(text, "12", "a100-01")
+
+
+@pytest.mark.parametrize(("value", "gpus"), [("0,2-3", {0, 2, 3}), ("5", {5}), ("", None), (None, None),
+                                             ("0,x", None), ("1-", None), ("GPU-uuid", None)])
+def test_index_lists_from_the_environment(value: str | None, gpus: set[int] | None) -> None:
+    assert parse_index_env(value) == (None if gpus is None else frozenset(gpus))
+
+
+def test_a_recorded_job_costs_no_lookup_and_an_ending_job_keeps_its_record() -> None:
+    records = {"7": record("7", gpus=[0, 1])}
+    lookups = Lookups({"7": {5}})
+    allocations = JobAllocations("a100-01", lambda: dict(records), lookups, FakeProc({}))
+    assert allocations({100: "7"}) == {"7": [0, 1]}
+    records.clear()  # the Epilog ran while pid 100 is still exiting
+    assert allocations({100: "7"}) == {"7": [0, 1]}
+    assert allocations({}) == {}
+    assert lookups.calls == [] and allocations.lookups == 0
+
+
+def test_a_job_without_record_is_looked_up_once_while_it_runs() -> None:
+    lookups = Lookups({"8": {2}, "9": set()})
+    allocations = JobAllocations("a100-01", dict, lookups, FakeProc({}))
+    for _ in range(5):
+        assert allocations({100: "8", 101: "9", 102: None}) == {"8": [2]}
+    assert lookups.calls == ["8", "9"]
+    allocations({})  # both ended
+    allocations({100: "8"})
+    assert lookups.calls == ["8", "9", "8"]
+
+
+def test_a_failed_lookup_falls_back_to_the_environment_and_retries_later() -> None:
+    clock = Clock()
+    lookups = Lookups({"8": {2}}, fail=True)
+    proc = FakeProc({100: {"SLURM_JOB_GPUS": "4,5"}})
+    allocations = JobAllocations("a100-01", None, lookups, proc, retry_s=60, clock=clock)
+    assert allocations({100: "8"}) == {"8": [4, 5]}
+    assert allocations({100: "8"}) == {"8": [4, 5]}
+    assert lookups.calls == ["8"]
+    lookups.fail = False
+    clock.now = 61
+    assert allocations({100: "8"}) == {"8": [2]}  # Slurm's answer replaces the hint
+    clock.now = 1000
+    allocations({100: "8"})
+    assert lookups.calls == ["8", "8"]
+
+
+def test_a_bad_record_is_ignored_and_the_job_looked_up() -> None:
+    lookups = Lookups({"7": {1}})
+    allocations = JobAllocations("a100-01", lambda: {"7": record("7", node="other")}, lookups, None)
+    assert allocations({1: "7"}) == {"7": [1]}
+    assert lookups.calls == ["7"]
+
+
+def test_record_dir_reads_root_owned_records_only(tmp_path: Path) -> None:
+    node_dir = tmp_path / "a100-01"
+    node_dir.mkdir(mode=0o755)
+    node_dir.chmod(0o755)
+    (node_dir / "7.json").write_text(record("7"))
+    (node_dir / "8.json").write_text(record("8"))
+    (node_dir / "8.json").chmod(0o666)  # anyone could have written it
+    (node_dir / ".9.json.tmp").write_text(record("9"))  # the Prolog's half-written file
+    (node_dir / "notes.txt").write_text("x")
+    reader = JobRecordDir("a100-01", tmp_path, require_root=False)
+    assert reader.read() == {"7": record("7")}
+    node_dir.chmod(0o777)
+    assert reader.read() == {}
+    assert JobRecordDir("t4-01", tmp_path).read() == {}  # no Prolog installed
+    if os.geteuid() != 0:
+        node_dir.chmod(0o755)
+        assert JobRecordDir("a100-01", tmp_path).read() == {}  # owned by a user, not root
+
+
+def test_start_ticks_and_uid_parsing() -> None:
+    assert start_ticks_of("5 (a (b) c) S " + " ".join(["0"] * 18) + " 4242 9") == 4242
+    assert start_ticks_of("5 (x) S 1") is None and start_ticks_of(None) is None
+    assert uid_of("Name:\tx\nUid:\t1000\t1000\t1000\t1000\n") == 1000
+    assert uid_of("Name:\tx\n") is None
