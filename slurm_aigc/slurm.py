@@ -5,6 +5,10 @@ to 25.x, while pyslurm must match the installed Slurm exactly and PyPI ships it 
 25.11. Commands run as argument lists (never a shell) with a timeout; failures raise
 `SlurmCommandError` carrying argv, exit code and stderr. The interface is narrow (nodes,
 jobs, a handful of updates) so that a pyslurm backend can implement the same methods.
+
+Jobs and nodes are read as JSON (`slurm_aigc.slurmjson`), never from `scontrol show -o`
+text: job names, comments and work directories are user text, and in `Key=value` text a
+comment such as `x JobId=53 Account=vip` is indistinguishable from Slurm's own fields.
 """
 
 from __future__ import annotations
@@ -19,7 +23,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Protocol
 
+from slurm_aigc import slurmjson
 from slurm_aigc.errors import SlurmCommandError, SlurmParseError
+from slurm_aigc.slurmjson import JsonObject
+
+# `scontrol --json` exists from 23.02 (data_parser); 22.05 has `squeue --json` and
+# `sinfo --json` only (openapi/v0.0.38), and its squeue ignores `-j` with `--json`.
+SCONTROL_JSON_SINCE = (23, 2, 0)
 
 
 @dataclass(frozen=True)
@@ -52,7 +62,11 @@ def run_command(argv: Sequence[str], timeout_s: float, stdin: str | None = None)
 
 @dataclass(frozen=True)
 class NodeInfo:
-    """One node as `scontrol show node -o` reports it."""
+    """One node as `scontrol show node` reports it (read from `sinfo`/`scontrol --json`).
+
+    `fields` holds a few values under scontrol's key names (`AllocTRES`) for callers
+    written against `scontrol show node -o`.
+    """
 
     name: str
     state: str
@@ -68,7 +82,13 @@ class NodeInfo:
 
 @dataclass(frozen=True)
 class JobInfo:
-    """One job as `scontrol show job -o` reports it."""
+    """One job as `scontrol show job` reports it (read from `squeue`/`scontrol --json`).
+
+    `fields` holds a few more values under scontrol's key names (`TresPerJob`, `Priority`,
+    `Prefer`; empty ones left out) for callers written against `scontrol show job -o`.
+    `gres_detail` is (node, `gpu:a100:2(IDX:0-1)`) per allocated node, as `scontrol -d`
+    prints `GRES=` (24.11 prints a shard job's as used/total per GPU, `shard:8(8/16,0/16)`).
+    """
 
     job_id: str
     name: str
@@ -93,6 +113,7 @@ class JobInfo:
     num_nodes: int
     features: str
     fields: Mapping[str, str]
+    gres_detail: tuple[tuple[str, str], ...] = ()
 
 
 # Slurm's keys are CamelCase (`JobId`, `ReqB:S:C:T`, `CPUs/Task`); user text such as the
@@ -103,10 +124,9 @@ _KV_RE = re.compile(r"(?:^|\s)([A-Z][A-Za-z0-9_:/]*)=")
 def parse_key_values(line: str) -> dict[str, str]:
     """Split one `scontrol show ... -o` line into a mapping.
 
-    Values may contain spaces (Comment, Reason, Command with args), so a value runs until
-    the next ` Key=` token. A comment that itself contains ` Word=` with an upper-case
-    first letter is split there; callers that need the exact comment read it with
-    `squeue -O comment` instead.
+    Never use it on output that holds user text (a job's name, comment, work directory,
+    command): a value runs until the next ` Key=` token, so user text can forge fields.
+    Kept for hand-written test lines and admin-only output.
     """
     matches = list(_KV_RE.finditer(line))
     result: dict[str, str] = {}
@@ -191,6 +211,56 @@ def job_from_fields(fields: Mapping[str, str]) -> JobInfo:
     )
 
 
+def _epoch_time(value: object) -> datetime | None:
+    """An epoch from JSON (0/unset = unknown) -> local naive datetime, as scontrol prints it."""
+    seconds = slurmjson.number(value)
+    return datetime.fromtimestamp(seconds) if seconds else None
+
+
+def _compat_fields(pairs: Mapping[str, object]) -> dict[str, str]:
+    return {key: str(value) for key, value in pairs.items() if value not in (None, "")}
+
+
+def job_from_json(job: JsonObject) -> JobInfo:
+    """One entry of `squeue --json` (22.05) or `scontrol --json show job` (23.02+) -> JobInfo."""
+    t = slurmjson.text
+    limit_min = slurmjson.number(job.get("time_limit"))
+    alloc = t(job.get("tres_alloc_str")) or t(job.get("tres_req_str"))  # as scontrol's TRES=
+    priority = slurmjson.number(job.get("priority"))
+    return JobInfo(
+        job_id=str(slurmjson.number(job.get("job_id"))), name=t(job.get("name")),
+        user=t(job.get("user_name")), account=t(job.get("account")), partition=t(job.get("partition")),
+        qos=t(job.get("qos")), state=slurmjson.job_state(job.get("job_state")),
+        reason=t(job.get("state_description")) or t(job.get("state_reason")),  # scontrol's Reason=
+        node_list=t(job.get("nodes")), batch_flag=bool(job.get("batch_flag")), requeue=bool(job.get("requeue")),
+        restarts=slurmjson.number(job.get("restart_cnt")) or 0,
+        submit_time=_epoch_time(job.get("submit_time")), start_time=_epoch_time(job.get("start_time")),
+        end_time=_epoch_time(job.get("end_time")),
+        time_limit_s=None if limit_min is None else limit_min * 60,
+        comment=t(job.get("comment")), admin_comment=t(job.get("admin_comment")),
+        tres_per_node=t(job.get("tres_per_node")), alloc_tres=alloc,
+        num_nodes=slurmjson.number(job.get("node_count")) or 1, features=t(job.get("features")),
+        fields=_compat_fields({"TresPerJob": t(job.get("tres_per_job")), "TresPerNode": t(job.get("tres_per_node")),
+                               "Priority": priority, "Prefer": t(job.get("prefer")), "Features": t(job.get("features")),
+                               "Comment": t(job.get("comment")), "AdminComment": t(job.get("admin_comment"))}),
+        gres_detail=slurmjson.gres_detail(job),
+    )
+
+
+def node_from_json(node: JsonObject) -> NodeInfo:
+    """One node of `sinfo --json` (22.05) or `scontrol --json show node` (23.02+) -> NodeInfo."""
+    t = slurmjson.text
+    return NodeInfo(
+        name=t(node.get("name")), state=slurmjson.node_state(node),
+        gres=_null_empty(t(node.get("gres"))), gres_used=_null_empty(t(node.get("gres_used"))),
+        available_features=slurmjson.string_list(node.get("features")),
+        active_features=slurmjson.string_list(node.get("active_features")),
+        weight=slurmjson.number(node.get("weight")) or 1, cpus=slurmjson.number(node.get("cpus")) or 0,
+        partitions=slurmjson.string_list(node.get("partitions")),
+        fields=_compat_fields({"AllocTRES": t(node.get("tres_used")), "OS": t(node.get("operating_system"))}),
+    )
+
+
 def _null_empty(value: str | None) -> str:
     return "" if value in (None, "(null)") else str(value)
 
@@ -208,9 +278,17 @@ def slurm_conf_dir() -> Path:
 class SlurmCli:
     """Slurm through its command-line tools."""
 
-    def __init__(self, runner: Runner = run_command, timeout_s: float = 30.0) -> None:
+    def __init__(self, runner: Runner = run_command, timeout_s: float = 30.0,
+                 slurm_version: tuple[int, int, int] | None = None) -> None:
         self._runner = runner
         self._timeout_s = timeout_s
+        self._version = slurm_version
+
+    def _json_scontrol(self) -> bool:
+        """Which JSON source to read, chosen once per SlurmCli from `scontrol --version`."""
+        if self._version is None:
+            self._version = self.version()
+        return self._version >= SCONTROL_JSON_SINCE
 
     def run(self, tool: str, args: Sequence[str]) -> CommandResult:
         """Run one Slurm tool; a non-zero exit raises SlurmCommandError."""
@@ -229,9 +307,18 @@ class SlurmCli:
         return major, minor, patch
 
     def nodes(self, names: Sequence[str] | None = None) -> list[NodeInfo]:
-        """`scontrol -d show node -o [NAMES]` (`-d` fills GresUsed with the GPU indices in use)."""
-        args = ["-d", "show", "node", "-o"] + ([",".join(names)] if names else [])
-        return [node_from_fields(parse_key_values(line)) for line in _lines(self.run("scontrol", args).stdout)]
+        """Every node (or `names`) with GRES in use (`GresUsed`, the GPU indices held).
+
+        22.05: `sinfo --json` (one entry per node there; from 23.11 sinfo groups nodes, so
+        23.02+ uses `scontrol -d --json show node`). Names are filtered here either way.
+        """
+        if self._json_scontrol():
+            args = ["-d", "--json", "show", "node"] + ([",".join(names)] if names else [])
+            data = slurmjson.load(self.run("scontrol", args).stdout, "scontrol --json show node")
+        else:
+            data = slurmjson.load(self.run("sinfo", ["--json"]).stdout, "sinfo --json")
+        nodes = [node_from_json(entry) for entry in slurmjson.records(data, "nodes", "node list")]
+        return [node for node in nodes if not names or node.name in names]
 
     def node(self, name: str) -> NodeInfo:
         nodes = self.nodes([name])
@@ -250,23 +337,44 @@ class SlurmCli:
         self.run("scontrol", args)
 
     def jobs(self) -> list[JobInfo]:
-        """`scontrol show job -o`: every job slurmctld still remembers."""
-        result = self._runner(["scontrol", "show", "job", "-o"], self._timeout_s)
-        if result.returncode != 0:
-            if "No jobs in the system" in result.stdout + result.stderr:
-                return []
-            raise SlurmCommandError(result.argv, result.returncode, result.stderr)
-        return [job_from_fields(parse_key_values(line)) for line in _lines(result.stdout) if line.startswith("JobId=")]
+        """Every job slurmctld still remembers: `squeue --json` (22.05), `scontrol -d --json show job` (23.02+)."""
+        return [job_from_json(entry) for entry in self._job_records(None)]
 
     def job(self, job_id: str) -> JobInfo | None:
-        """`scontrol show job -o ID`, or None once slurmctld has forgotten the job."""
-        result = self._runner(["scontrol", "show", "job", "-o", str(job_id)], self._timeout_s)
+        """One job, or None once slurmctld has forgotten it.
+
+        On 22.05 this reads every job (its `squeue --json` ignores `-j`); to re-check a
+        job's state right before acting use the cheaper `job_state`.
+        """
+        wanted = str(job_id)
+        found = [job_from_json(entry) for entry in self._job_records(wanted)]
+        return next((job for job in found if job.job_id == wanted), None)
+
+    def job_state(self, job_id: str) -> str | None:
+        """`squeue -h -t all -j ID -o %A|%T`: the job's state word, None once it is forgotten.
+
+        One single-job RPC on every version. Only the job id and state are printed, no user
+        text, so the line cannot be forged; the id must match.
+        """
+        result = self._runner(["squeue", "-h", "-t", "all", "-j", str(job_id), "-o", "%A|%T"], self._timeout_s)
         if result.returncode != 0:
             if "Invalid job id" in result.stderr:
                 return None
             raise SlurmCommandError(result.argv, result.returncode, result.stderr)
-        lines = [line for line in _lines(result.stdout) if line.startswith("JobId=")]
-        return job_from_fields(parse_key_values(lines[0])) if lines else None
+        states = [state for jid, _, state in (line.partition("|") for line in _lines(result.stdout)) if jid == str(job_id)]
+        return states[0] if states else None
+
+    def _job_records(self, job_id: str | None) -> list[JsonObject]:
+        if self._json_scontrol():
+            argv = ["scontrol", "-d", "--json", "show", "job"] + ([job_id] if job_id else [])
+        else:
+            argv = ["squeue", "--json"]
+        result = self._runner(argv, self._timeout_s)
+        if result.returncode != 0:
+            if "No jobs in the system" in result.stdout + result.stderr or "Invalid job id" in result.stderr:
+                return []
+            raise SlurmCommandError(result.argv, result.returncode, result.stderr)
+        return slurmjson.records(slurmjson.load(result.stdout, " ".join(argv)), "jobs", "job list")
 
     def submit(self, args: Sequence[str], script: str, *, user: str | None = None) -> str:
         """`sbatch --parsable ARGS` with the script on stdin (as `user` via runuser when given)."""
@@ -278,9 +386,16 @@ class SlurmCli:
             raise SlurmCommandError(result.argv, result.returncode, result.stderr)
         return result.stdout.strip().split(";", 1)[0]
 
-    def requeue(self, job_id: str, *, hold: bool = False) -> None:
-        """`scontrol requeue ID` or `scontrol requeuehold ID`."""
-        self.run("scontrol", ["requeuehold" if hold else "requeue", str(job_id)])
+    def requeue(self, job_id: str, *, hold: bool = False, incomplete_only: bool = True) -> None:
+        """`scontrol requeue[hold] Incomplete ID`.
+
+        Plain `scontrol requeue` also requeues a COMPLETED job (22.05 and 24.11 alike), so
+        a job that ended since it was read would run again. With `Incomplete` (both
+        versions, scontrol's parse_requeue_flags) slurmctld requeues only a RUNNING or
+        SUSPENDED job and otherwise does nothing and exits 0: re-check the state after.
+        """
+        flags = ["Incomplete"] if incomplete_only else []
+        self.run("scontrol", ["requeuehold" if hold else "requeue", *flags, str(job_id)])
 
     def hold(self, job_id: str) -> None:
         self.run("scontrol", ["hold", str(job_id)])

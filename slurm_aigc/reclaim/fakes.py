@@ -1,14 +1,19 @@
 """A fake Slurm command runner for reclaim's unit tests (no Slurm needed).
 
-It answers the handful of commands `SlurmCli` runs for reclaim with `scontrol show job -o`
-lines in Slurm 22.05's format, applies requeue/hold/update/release to its jobs, and
-records every argv so tests can assert what was (and was not) run.
+It answers the handful of commands `SlurmCli` runs for reclaim as Slurm 22.05 does
+(`scontrol --version`, `squeue --json` in openapi v0.0.38's shape, `squeue -h -t all -j ID
+-o %A|%T`), applies requeue/hold/update/release to its jobs (`requeue Incomplete` only
+touches a RUNNING job, as slurmctld), and records every argv so tests can assert what
+was (and was not) run.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
 
 from slurm_aigc.slurm import CommandResult
 
@@ -35,6 +40,7 @@ class FakeJob:
     priority: int = 100
 
     def line(self) -> str:
+        """`scontrol show job -o` text, for pure tests that build a JobInfo with `job_from_fields`."""
         tres = f"gres:gpu:{self.gpu_type}:{self.gpus}"
         alloc = f"cpu=1,mem=1G,node=1,billing=1,gres/gpu={self.gpus},gres/gpu:{self.gpu_type}={self.gpus}"
         parts = [
@@ -48,6 +54,24 @@ class FakeJob:
             f"AdminComment={self.admin_comment or '(null)'}", f"TresPerNode={tres}",
         ]
         return " ".join(parts)
+
+    def record(self) -> dict[str, Any]:
+        """This job as one entry of Slurm 22.05's `squeue --json`."""
+        running = self.state == "RUNNING"
+        alloc = f"cpu=1,mem=1G,node=1,billing=1,gres/gpu={self.gpus},gres/gpu:{self.gpu_type}={self.gpus}"
+        start = int(datetime.fromisoformat(self.start).timestamp())
+        return {
+            "job_id": int(self.job_id), "name": "test", "user_name": self.user, "user_id": 1001,
+            "priority": self.priority, "account": self.account, "qos": self.qos, "job_state": self.state,
+            "state_reason": self.reason, "state_description": "", "requeue": self.requeue,
+            "restart_cnt": self.restarts, "batch_flag": self.batch, "time_limit": 120,
+            "submit_time": start, "start_time": start, "end_time": start + 7200, "partition": "gpu",
+            "nodes": self.node if running else "", "node_count": 1, "cpus": 1,
+            "tres_alloc_str": alloc if running else "", "comment": self.comment,
+            "admin_comment": self.admin_comment, "tres_per_node": f"gres:gpu:{self.gpu_type}:{self.gpus}",
+            "gres_detail": [f"gpu:{self.gpu_type}:{self.gpus}(IDX:0-{self.gpus - 1})"] if running else [],
+            "job_resources": {"allocated_nodes": [{"nodename": self.node}]} if running else {},
+        }
 
 
 @dataclass
@@ -73,10 +97,19 @@ class FakeSlurm:
 
     def _answer(self, args: list[str]) -> CommandResult:
         tool, rest = args[0], args[1:]
-        if tool == "scontrol" and rest[:3] == ["show", "job", "-o"]:
-            return self._show(rest[3:])
+        if tool == "scontrol" and rest == ["--version"]:
+            return CommandResult(tuple(args), 0, "slurm-wlm 22.05.8\n", "")
+        if args == ["squeue", "--json"]:
+            return self._show()
+        if tool == "squeue" and "-j" in rest:  # squeue -h -t all -j ID -o %A|%T
+            found = self.jobs.get(rest[rest.index("-j") + 1])
+            if found is None:
+                return CommandResult(tuple(args), 1, "", "slurm_load_jobs error: Invalid job id specified")
+            return CommandResult(tuple(args), 0, f"{found.job_id}|{found.state}\n", "")
         if tool == "scontrol" and rest[0] in {"requeue", "requeuehold"}:
-            job = self.jobs[rest[1]]
+            job = self.jobs[rest[-1]]
+            if rest[1].lower() == "incomplete" and job.state not in {"RUNNING", "SUSPENDED"}:
+                return self._ok(args)  # slurmctld: nothing to do, and exit 0
             job.restarts += 1
             job.state = "COMPLETING" if self.pending_after_polls else "PENDING"
             job.reason = "JobHeldAdmin" if rest[0] == "requeuehold" else "BeginTime"
@@ -97,21 +130,16 @@ class FakeSlurm:
             return self._ok(args)
         return CommandResult(tuple(args), 1, "", f"fake slurm does not know {args}")
 
-    def _show(self, ids: list[str]) -> CommandResult:
+    def _show(self) -> CommandResult:
+        """`squeue --json`: every job (22.05 ignores `-j` with `--json`)."""
         if self.pending_after_polls:
             self.pending_after_polls -= 1
             if not self.pending_after_polls:
                 for job in self.jobs.values():
                     if job.state == "COMPLETING":
                         job.state = "PENDING"
-        if ids:
-            found = self.jobs.get(ids[0])
-            if found is None:
-                return CommandResult(("scontrol",), 1, "", "slurm_load_jobs error: Invalid job id specified")
-            return CommandResult(("scontrol",), 0, found.line() + "\n", "")
-        if not self.jobs:
-            return CommandResult(("scontrol",), 0, "No jobs in the system\n", "")
-        return CommandResult(("scontrol",), 0, "".join(j.line() + "\n" for j in self.jobs.values()), "")
+        text = json.dumps({"jobs": [job.record() for job in self.jobs.values()], "errors": []})
+        return CommandResult(("squeue", "--json"), 0, text + "\n", "")
 
     def _update(self, args: list[str], fields: list[str]) -> CommandResult:
         values = dict(f.split("=", 1) for f in fields)

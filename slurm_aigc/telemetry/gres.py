@@ -1,8 +1,9 @@
 """Slurm's GRES strings: what a node has, what is in use, which GPU indices a job holds.
 
 `scontrol -d show node` prints `Gres=gpu:a100:8(S:0-1),shard:a100:640` and
-`GresUsed=gpu:a100:2(IDX:0-1),shard:a100:8(8/80,0/80,...)`; `scontrol -d show job`
-prints per node `Nodes=a100-01 CPU_IDs=0-3 Mem=0 GRES=gpu:a100:2(IDX:0-1)`. Parsing is
+`GresUsed=gpu:a100:2(IDX:0-1),shard:a100:8(8/80,0/80,...)`; a job's `gres_detail` (the
+JSON form of `scontrol -d show job`'s per-node `GRES=`, see `JobInfo`) holds one such
+string per node. These strings come from slurmctld, never from user text. Parsing is
 pure and tolerant: an entry it cannot read counts as nothing rather than failing a cycle.
 """
 
@@ -10,9 +11,11 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from ClusterShell.NodeSet import NodeSet, NodeSetParseError
+
+from slurm_aigc.slurm import JobInfo
 
 LOG = logging.getLogger(__name__)
 
@@ -83,23 +86,21 @@ def used_indices(detail: str) -> frozenset[int]:
     return frozenset()
 
 
-# One node's part of a job in `scontrol -d show job -o` (the line holds one per node range).
-_JOB_NODE_GRES_RE = re.compile(r"\bNodes=(\S+) CPU_IDs=\S* Mem=\S* GRES=(\S*)")
+def gres_indices(gres: str) -> frozenset[int]:
+    """GPU indices of one node's part of a job, `gpu:a100:2(IDX:0-1)` -> {0, 1}.
 
-
-def job_gres_by_nodes(job_line: str) -> list[tuple[str, frozenset[int]]]:
-    """(node list, GPU indices) per `Nodes=... GRES=gpu:a100:2(IDX:0-1)` of one job line.
-
-    GPUs held through shards count too (`GRES=shard:10(IDX:0)`).
+    GPUs held through shards count too (`shard:10(IDX:0)` on 22.05, `shard:8(8/16,0/16)` on 24.11).
     """
-    found = []
-    for match in _JOB_NODE_GRES_RE.finditer(job_line):
-        indices: set[int] = set()
-        for name, _count, detail in map(_gres_parts, split_gres(match.group(2))):
-            if name in ("gpu", "shard"):
-                indices |= used_indices(detail)
-        found.append((match.group(1), frozenset(indices)))
-    return found
+    indices: set[int] = set()
+    for name, _count, detail in map(_gres_parts, split_gres(gres)):
+        if name in ("gpu", "shard"):
+            indices |= used_indices(detail)
+    return frozenset(indices)
+
+
+def job_gpu_indices(job: JobInfo, node: str) -> frozenset[int]:
+    """The GPU indices `job` holds on `node`, from its per-node `gres_detail` (`scontrol -d`'s GRES=)."""
+    return frozenset().union(*(gres_indices(gres) for name, gres in job.gres_detail if name == node))
 
 
 def alloc_tres_gpus(alloc_tres: str) -> int:
@@ -119,14 +120,11 @@ def expand_nodes(node_list: str) -> list[str]:
         return []
 
 
-def node_gpu_allocations(show_job_detail: str, node: str) -> Mapping[str, frozenset[int]]:
-    """Running jobs' GPU indices on `node`, from the text of `scontrol -d show job -o`."""
+def node_gpu_allocations(jobs: Iterable[JobInfo], node: str) -> Mapping[str, frozenset[int]]:
+    """Running jobs' GPU indices on `node` (jobs as `SlurmCli.jobs()` reads them)."""
     allocations: dict[str, frozenset[int]] = {}
-    for line in show_job_detail.splitlines():
-        if not line.startswith("JobId=") or " JobState=RUNNING " not in line:
-            continue
-        job_id = line.split(None, 1)[0].removeprefix("JobId=")
-        for nodes, indices in job_gres_by_nodes(line):
-            if indices and node in expand_nodes(nodes):
-                allocations[job_id] = allocations.get(job_id, frozenset()) | indices
+    for job in jobs:
+        indices = job_gpu_indices(job, node) if job.state == "RUNNING" else frozenset()
+        if indices:
+            allocations[job.job_id] = indices
     return allocations

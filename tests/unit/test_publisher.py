@@ -11,7 +11,7 @@ import pytest
 
 from slurm_aigc.db import open_database
 from slurm_aigc.errors import SlurmCommandError
-from slurm_aigc.slurm import CommandResult, NodeInfo, SlurmCli, node_from_fields, parse_key_values
+from slurm_aigc.slurm import CommandResult, JobInfo, NodeInfo, SlurmCli, job_from_json, node_from_json
 from slurm_aigc.telemetry import features as feat
 from slurm_aigc.telemetry.config import ScoringConfig
 from slurm_aigc.telemetry.gres import (
@@ -19,7 +19,8 @@ from slurm_aigc.telemetry.gres import (
     expand_nodes,
     gres_busy_gpus,
     gres_gpu_total,
-    job_gres_by_nodes,
+    gres_indices,
+    job_gpu_indices,
     node_gpu_allocations,
     split_gres,
 )
@@ -65,15 +66,19 @@ def test_busy_gpus_from_whole_allocations_and_from_shards() -> None:
     assert alloc_tres_gpus("cpu=4,gres/shard=10") == 0
 
 
+def _job(job_id: str, state: str, detail: list[tuple[str, str]]) -> JobInfo:
+    names = [{"nodename": node} for node, _ in detail]
+    return job_from_json({"job_id": int(job_id), "job_state": state, "gres_detail": [g for _, g in detail],
+                          "job_resources": {"allocated_nodes": names}})
+
+
 def test_job_gres_per_node_and_node_allocations() -> None:
-    line = ("JobId=7 JobName=x JobState=RUNNING NodeList=a100-[01-02] "
-            "Nodes=a100-01 CPU_IDs=0-1 Mem=0 GRES=gpu:a100:2(IDX:0-1) "
-            "Nodes=a100-02 CPU_IDs=0 Mem=0 GRES=gpu:a100:1(IDX:5) Features=(null)")
-    assert job_gres_by_nodes(line) == [("a100-01", frozenset({0, 1})), ("a100-02", frozenset({5}))]
-    others = ["JobId=8 JobState=RUNNING Nodes=a100-[01-02] CPU_IDs=2 Mem=0 GRES=shard:a100:10(IDX:3)",
-              "JobId=9 JobState=PENDING Nodes=a100-02 CPU_IDs=2 Mem=0 GRES=gpu:a100:1(IDX:6)"]
-    text = "\n".join([line, *others])
-    assert node_gpu_allocations(text, "a100-02") == {"7": frozenset({5}), "8": frozenset({3})}
+    job = _job("7", "RUNNING", [("a100-01", "gpu:a100:2(IDX:0-1)"), ("a100-02", "gpu:a100:1(IDX:5)")])
+    assert (job_gpu_indices(job, "a100-01"), job_gpu_indices(job, "a100-02")) == ({0, 1}, {5})
+    assert gres_indices("shard:8(8/16,0/16,3/16)") == {0, 2}  # Slurm 24.11's used/total per GPU
+    others = [_job("8", "RUNNING", [("a100-02", "shard:a100:10(IDX:3)")]),
+              _job("9", "PENDING", [("a100-02", "gpu:a100:1(IDX:6)")])]
+    assert node_gpu_allocations([job, *others], "a100-02") == {"7": frozenset({5}), "8": frozenset({3})}
     assert expand_nodes("a100-[01-02],t4-01") == ["a100-01", "a100-02", "t4-01"]
     assert expand_nodes("a100-[01") == [] and expand_nodes("(null)") == []
 
@@ -131,11 +136,11 @@ def test_islands_from_the_agents_nvlink_feature() -> None:
 
 def test_node_view_free_sets_from_gres_used() -> None:
     fake = FakeNode("a100-01", features=["a100", "nvlink8"], gres_used="gpu:a100:2(IDX:0-1)," + SHARDS_IDLE)
-    view = node_view(node_from_fields(parse_key_values(fake.line(detail=True))), 30.0, frozenset())
+    view = node_view(node_from_json(fake.record(new=False)), 30.0, frozenset())
     assert (view.gpus_total, view.gpus_alloc, view.free_nvlink_set) == (8, 2, 6)
-    # Without -d there is no GresUsed: the count comes from AllocTRES.
-    fake.alloc_gpus = 3
-    plain = node_view(node_from_fields(parse_key_values(fake.line(detail=False))), None, frozenset())
+    # Without GresUsed (`scontrol show node` without -d) the count comes from AllocTRES.
+    fake.alloc_gpus, fake.gres_used = 3, ""
+    plain = node_view(node_from_json(fake.record(new=False)), None, frozenset())
     assert (plain.gpus_alloc, plain.free_nvlink_set) == (3, 5)
 
 
@@ -143,7 +148,7 @@ def test_node_view_free_sets_from_gres_used() -> None:
 
 
 def nodes_of(fakes: list[FakeNode]) -> list[NodeInfo]:
-    return [node_from_fields(parse_key_values(f.line(detail=True))) for f in fakes]
+    return [node_from_json(f.record(new=False)) for f in fakes]
 
 
 def test_plan_cycle_publishes_features_and_weights_and_models() -> None:
@@ -250,7 +255,7 @@ def test_features_the_agent_wrote_meanwhile_survive_the_write(store: TelemetrySt
     node_reads: list[str] = []
 
     def runner(argv, timeout_s, stdin=None):  # type: ignore[no-untyped-def]
-        if list(argv)[:5] == ["scontrol", "-d", "show", "node", "-o"]:
+        if list(argv) == ["sinfo", "--json"]:  # 22.05: SlurmCli.nodes() reads sinfo --json
             node_reads.append(argv[-1])
             if len(node_reads) == 2:  # the re-read right before the write, after planning
                 fake.features = ["a100", "nvlink8", "vram80g"]

@@ -1,4 +1,4 @@
-"""The Slurm boundary on recorded `scontrol` output and a fake runner (no cluster needed)."""
+"""The Slurm boundary on hand-made `--json` output of 22.05 and 24.11 and a fake runner (no cluster needed)."""
 
 from __future__ import annotations
 
@@ -7,21 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from slurm_aigc.errors import SlurmCommandError
+from slurm_aigc.errors import SlurmCommandError, SlurmParseError
 from slurm_aigc.slurm import CommandResult, SlurmCli, parse_duration_s, parse_key_values
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "scontrol"
-
-# Slurm 24.11 prints GPU requests as `gres/gpu...` and jobs' allocation as AllocTRES.
-JOB_24_11 = (
-    "JobId=77 JobName=sd-xl UserId=aigc-bob(1002) GroupId=aigc-bob(1002) MCS_label=N/A Priority=1 Nice=0 "
-    "Account=aigc QOS=normal JobState=PENDING Reason=Resources Dependency=(null) Requeue=0 Restarts=2 BatchFlag=1 "
-    "TimeLimit=1-02:03:04 SubmitTime=2026-01-02T03:04:05 StartTime=Unknown EndTime=Unknown Partition=gpu "
-    "NodeList=(null) NumNodes=1-1 Features=nvlink&a100 Comment=run Batch=3 aigc:type=imagegen "
-    "AdminComment=aigc: notified TresPerNode=gres/gpu:a100:2"
-)
-
-
+JSON = Path(__file__).resolve().parents[1] / "fixtures" / "slurm-json"
+V22, V24 = (22, 5, 8), (24, 11, 5)
+HOSTILE_NAME = "exp1 JobId=53 UserId=aigc-bob(1002)\nJobId=54 Account=vip"
+HOSTILE_COMMENT = "x JobId=53 UserId=aigc-bob(1002) Account=vip JobState=RUNNING GRES=gpu:a100:8(IDX:0-7)|\n\x1f|a"
 class FakeRunner:
     def __init__(self, outputs: dict[tuple[str, ...], CommandResult]) -> None:
         self.outputs = outputs
@@ -36,65 +29,128 @@ def result(argv: Sequence[str], stdout: str = "", rc: int = 0, stderr: str = "")
     return CommandResult(tuple(argv), rc, stdout, stderr)
 
 
-def test_nodes_read_gres_features_weight_state_from_recorded_22_05_output() -> None:
-    argv = ("scontrol", "-d", "show", "node", "-o")
-    runner = FakeRunner({argv: result(argv, (FIXTURES / "show-node-22.05.txt").read_text())})
-    nodes = {n.name: n for n in SlurmCli(runner).nodes()}
-    assert sorted(nodes) == ["a100-01", "a100-02", "t4-01", "t4-02"]
-    assert nodes["a100-01"].gres == "gpu:a100:8,shard:a100:640"
-    assert nodes["t4-02"].available_features == ("t4",)
-    assert nodes["a100-02"].weight == 1
-    assert nodes["t4-01"].partitions == ("gpu",)
-    assert nodes["a100-01"].fields["OS"].startswith("Linux")
+def cli(version: tuple[int, int, int], argv: Sequence[str], fixture: str) -> tuple[SlurmCli, FakeRunner]:
+    runner = FakeRunner({tuple(argv): result(argv, (JSON / fixture).read_text())})
+    return SlurmCli(runner, slurm_version=version), runner
 
 
-def test_job_keeps_lowercase_tags_in_comment_and_reads_22_05_fields() -> None:
-    line = (FIXTURES / "show-job-22.05.txt").read_text().strip()
-    job_id = line.split()[0].split("=")[1]
-    argv = ("scontrol", "show", "job", "-o", job_id)
-    job = SlurmCli(FakeRunner({argv: result(argv, line)})).job(job_id)
-    assert job is not None
-    assert job.name == "my job"
-    assert job.user == "aigc-alice"
-    assert job.comment == "exp 42 aigc:type=train,model=llama3-8b"
-    assert job.tres_per_node == "gres:gpu:a100:2"
-    assert "gres/gpu=2" in job.alloc_tres
-    assert job.batch_flag and job.requeue
-    assert job.time_limit_s is None
+def test_22_05_nodes_come_from_sinfo_json_with_gres_used_and_states() -> None:
+    slurm, runner = cli(V22, ["sinfo", "--json"], "sinfo-22.05.json")
+    nodes = {n.name: n for n in slurm.nodes()}
+    assert runner.calls == [("sinfo", "--json")]
+    assert nodes["a100-01"].gres_used == "gpu:a100:2(IDX:0-1),shard:a100:0(IDX:N/A)"
+    assert nodes["a100-01"].available_features == ("a100", "nvlink8") and nodes["a100-01"].state == "MIXED"
+    assert nodes["t4-01"].state == "IDLE+DRAIN" and nodes["t4-01"].weight == 5 and nodes["t4-01"].cpus == 16
+    assert nodes["t4-01"].partitions == ("gpu", "debug")
+    assert nodes["a100-01"].fields["AllocTRES"] == "cpu=1,gres/gpu=2" and "AllocTRES" not in nodes["t4-01"].fields
+    assert [n.name for n in slurm.nodes(["t4-01"])] == ["t4-01"]
 
 
-def test_job_24_11_format() -> None:
-    argv = ("scontrol", "show", "job", "-o")
-    job = SlurmCli(FakeRunner({argv: result(argv, JOB_24_11 + "\n")})).jobs()[0]
-    assert job.tres_per_node == "gres/gpu:a100:2"
-    assert job.restarts == 2 and not job.requeue
-    assert job.time_limit_s == ((24 + 2) * 60 + 3) * 60 + 4
-    assert job.num_nodes == 1
-    assert job.start_time is None
-    # An upper-case ` Word=` inside a comment is where the documented limit of `-o` parsing lies.
-    assert job.comment == "run"
-    assert job.admin_comment == "aigc: notified"
+def test_24_11_nodes_come_from_scontrol_json_with_state_lists_and_shard_pairs() -> None:
+    slurm, runner = cli(V24, ["scontrol", "-d", "--json", "show", "node"], "scontrol-show-node-24.11.json")
+    nodes = {n.name: n for n in slurm.nodes()}
+    assert nodes["t4-01"].state == "IDLE+DRAIN" and nodes["a100-01"].state == "MIXED"
+    assert nodes["a100-01"].gres_used == "gpu:a100:0(IDX:N/A),shard:a100:8(8/16,0/16,0/16,0/16)"
+    assert nodes["a100-01"].available_features == ("a100", "nvlink4")
+
+
+def test_22_05_hostile_name_and_comment_stay_inside_their_job() -> None:
+    slurm, runner = cli(V22, ["squeue", "--json"], "squeue-22.05.json")
+    jobs = {j.job_id: j for j in slurm.jobs()}
+    assert sorted(jobs) == ["53", "61", "62"]
+    job = jobs["61"]
+    assert (job.user, job.account, job.state, job.name, job.comment) == (
+        "aigc-alice", "aigc", "RUNNING", HOSTILE_NAME, HOSTILE_COMMENT)
+    assert job.gres_detail == (("a100-01", "gpu:a100:2(IDX:0-1)"),)
+    assert job.alloc_tres == "cpu=1,node=1,billing=1,gres/gpu=2,gres/gpu:a100=2" and job.admin_comment == "aigc_class=train"
+    assert job.time_limit_s is None and job.batch_flag and job.requeue and job.num_nodes == 1
+    bob = jobs["53"]
+    assert (bob.user, bob.account, bob.state, bob.restarts) == ("aigc-bob", "vip", "PENDING", 1)
+    assert bob.reason == "job_requeued_in_held_state" and bob.fields["Priority"] == "0" and bob.start_time is None
+    assert bob.alloc_tres == "cpu=1,node=1,gres/gpu=4"  # pending: the request, as scontrol's TRES=
+
+
+def test_22_05_gres_detail_follows_slurmctld_node_order_and_compat_fields() -> None:
+    slurm, _ = cli(V22, ["squeue", "--json"], "squeue-22.05.json")
+    job = slurm.job("62")
+    assert job is not None and job.gres_detail == (("a100-02", "gpu:a100:1(IDX:0)"), ("a100-01", "shard:a100:8(IDX:3)"))
+    assert job.fields["TresPerJob"] == "gres:gpu:1" and job.fields["Prefer"] == "a100&model_x"
+    assert "TresPerNode" not in job.fields and job.time_limit_s == 3600 and not job.requeue and job.restarts == 3
+    assert slurm.job("99") is None
+
+
+def test_24_11_jobs_read_number_objects_state_lists_and_allocation_names() -> None:
+    argv = ["scontrol", "-d", "--json", "show", "job", "71"]
+    slurm, runner = cli(V24, argv, "scontrol-show-job-24.11.json")
+    job = slurm.job("71")
+    assert runner.calls == [tuple(argv)]
+    assert job is not None and (job.user, job.account, job.state, job.comment) == ("aigc-alice", "aigc", "RUNNING", HOSTILE_COMMENT)
+    assert job.gres_detail == (("a100-01", "shard:8(8/16,0/16,0/16,0/16)"),)
+    assert job.time_limit_s is None and job.num_nodes == 1 and job.restarts == 2
+    assert job.submit_time is not None and job.submit_time.timestamp() == 1796308865
+    slurm, _ = cli(V24, ["scontrol", "-d", "--json", "show", "job"], "scontrol-show-job-24.11.json")
+    states = {j.job_id: j.state for j in slurm.jobs()}
+    assert states == {"71": "RUNNING", "53": "REQUEUED", "75": "COMPLETING"}  # flags win, as scontrol prints them
+    (bob,) = [j for j in slurm.jobs() if j.job_id == "53"]
+    assert bob.fields["Priority"] == "0" and bob.time_limit_s == 90 * 60 and bob.start_time is None
+
+
+def test_version_is_asked_once_and_picks_the_json_source() -> None:
+    version = ("scontrol", "--version")
+    runner = FakeRunner({version: result(version, "slurm-wlm 22.05.8\n"),
+                         ("squeue", "--json"): result(("squeue", "--json"), '{"jobs": [], "errors": []}')})
+    slurm = SlurmCli(runner)
+    assert slurm.jobs() == [] and slurm.jobs() == []
+    assert runner.calls == [version, ("squeue", "--json"), ("squeue", "--json")]
+
+
+def test_json_errors_and_garbage_raise_naming_the_command() -> None:
+    bad = ("squeue", "--json")
+    for text, words in [("No jobs", "not JSON"), ('{"errors": [{"error": "boom"}], "jobs": []}', "boom"),
+                        ('{"jobs": {"a": 1}}', "list of objects")]:
+        runner = FakeRunner({bad: result(bad, text)})
+        with pytest.raises(SlurmParseError, match=words):
+            SlurmCli(runner, slurm_version=V22).jobs()
+
+
+def test_job_state_is_one_single_job_squeue_without_user_text() -> None:
+    argv = ("squeue", "-h", "-t", "all", "-j", "61", "-o", "%A|%T")
+    gone = ("squeue", "-h", "-t", "all", "-j", "9", "-o", "%A|%T")
+    runner = FakeRunner({argv: result(argv, "61|RUNNING\n"),
+                         gone: result(gone, rc=1, stderr="slurm_load_jobs error: Invalid job id specified")})
+    slurm = SlurmCli(runner, slurm_version=V22)
+    assert slurm.job_state("61") == "RUNNING" and slurm.job_state("9") is None
+
+
+def test_requeue_asks_slurm_for_incomplete_jobs_only() -> None:
+    runner = FakeRunner({})
+    slurm = SlurmCli(runner, slurm_version=V22)
+    slurm.requeue("5")
+    slurm.requeue("6", hold=True)
+    slurm.requeue("7", incomplete_only=False)
+    assert runner.calls == [("scontrol", "requeue", "Incomplete", "5"), ("scontrol", "requeuehold", "Incomplete", "6"),
+                            ("scontrol", "requeue", "7")]
 
 
 def test_failed_command_raises_with_argv_exit_code_and_stderr() -> None:
-    argv = ("scontrol", "requeue", "5")
-    cli = SlurmCli(FakeRunner({argv: result(argv, rc=1, stderr="Invalid job id specified")}))
+    argv = ("scontrol", "requeue", "Incomplete", "5")
+    slurm = SlurmCli(FakeRunner({argv: result(argv, rc=1, stderr="Invalid job id specified")}))
     with pytest.raises(SlurmCommandError) as caught:
-        cli.requeue("5")
+        slurm.requeue("5")
     assert caught.value.argv == list(argv)
     assert caught.value.returncode == 1
     assert "Invalid job id" in caught.value.stderr
 
 
 def test_unknown_job_is_none_and_no_jobs_is_empty() -> None:
-    gone = ("scontrol", "show", "job", "-o", "9")
-    empty = ("scontrol", "show", "job", "-o")
+    gone = ("scontrol", "-d", "--json", "show", "job", "9")
+    empty = ("scontrol", "-d", "--json", "show", "job")
     runner = FakeRunner({
         gone: result(gone, rc=1, stderr="slurm_load_jobs error: Invalid job id specified"),
-        empty: result(empty, rc=0, stdout="No jobs in the system\n"),
+        empty: result(empty, rc=0, stdout='{"jobs": [], "errors": []}'),
     })
-    assert SlurmCli(runner).job("9") is None
-    assert SlurmCli(runner).jobs() == []
+    assert SlurmCli(runner, slurm_version=V24).job("9") is None
+    assert SlurmCli(runner, slurm_version=V24).jobs() == []
 
 
 def test_update_node_sets_both_feature_lists_and_weight() -> None:
