@@ -22,6 +22,16 @@ local INFINITE = 4294967295
 local TAG_PREFIX = "aigc:"
 local JOB_PENDING = 0
 local MAX_FEATURE_LEN = 64  -- as slurm_aigc/telemetry/features.py publishes them
+-- The most of any user string the hook reads (bytes): the work per job stays bounded whatever
+-- a user sends (slurmctld checks its own limits only after the plugin ran). slurm_aigc/tags.py
+-- reads comments with the same cap.
+local MAX_NAME_READ = 1024   -- Slurm's own job name limit
+local MAX_COMMENT_READ = 4096
+-- The trusted stamp opening the AdminComment (slurm_aigc/tags.py): only slurmctld and admins
+-- can write that field, so the daemons believe it and never the user's comment.
+local STAMP_CLASS, STAMP_RECLAIM, STAMP_SIGNAL = "aigc_class=", "aigc_reclaim=", "aigc_signal="
+local NO_VAL16 = 65534
+local KILL_JOB_BATCH = 1  -- warn_flags bit of `--signal=B:...` (slurm.h)
 
 local M = {}
 
@@ -36,7 +46,6 @@ for _, name in ipairs(P.hook.untouched_classes) do UNTOUCHED[name] = true end
 
 -- GPU types sorted by memory, ascending (the renderer already sorts; keep a local array).
 local TYPES = P.inventory.gpu_types
-local CLASS_KEY = P.hook.comment_class_key .. "="
 local DEBUG = P.hook.debug_log
 local STRICT = P.hook.strict_tags
 local SHARD_GRES = P.inventory.shard_gres
@@ -102,9 +111,13 @@ local function check_pair(key, value)
     return nil, "unknown key", "known keys: type, model, vram, share, nvlink, reclaim"
 end
 
--- Returns (tags or nil, problems or nil). Only the first `aigc:` in the comment is read.
+-- The grammar (docs/tags.md; slurm_aigc/tags.py mirrors it, a property test holds them equal):
+-- only the first `aigc:` within the first MAX_COMMENT_READ bytes is read, up to the next
+-- whitespace; pairs are split on `,`, empty ones skipped; a pair is key=value.
+-- Returns (tags or nil, problems or nil).
 local function parse_tags(comment)
     if type(comment) ~= "string" then return nil end
+    comment = sub(comment, 1, MAX_COMMENT_READ)
     local at = find(comment, TAG_PREFIX, 1, true)
     if not at then return nil end
     local body = match(comment, "^%S*", at + #TAG_PREFIX)
@@ -130,6 +143,34 @@ local function parse_tags(comment)
 end
 M.parse_tags = parse_tags
 
+-- The stamp words opening an AdminComment (`aigc_class=train aigc_reclaim=no; ...`): the run
+-- of `aigc_<key>=<value>` words before the first `;`. Returns {key = value} (first wins) and
+-- the stamp text as it stands. Same rule as slurm_aigc/tags.py `trusted_tags`.
+-- Also returns the text after the stamp (leading blanks and `;` dropped).
+local function stamp_of(admin_comment)
+    local found, words, pos = {}, {}, 1
+    if type(admin_comment) ~= "string" then return found, "", "" end
+    while true do
+        local _, last, word = find(admin_comment, "^%s*([^%s;]+)", pos)
+        if not word then break end
+        local key, value = match(word, "^aigc_(%l+)=([%w_%.:%-]+)$")
+        if not key then break end
+        if found[key] == nil then found[key] = value end
+        words[#words + 1] = word
+        pos = last + 1
+    end
+    return found, table.concat(words, " "), match(admin_comment, "^[%s;]*(.*)$", pos)
+end
+M.stamp_of = stamp_of
+
+-- The comment without any stamp-like word a user wrote (`aigc_class=interactive`): such
+-- words mean nothing in a comment, and must not mislead a reader that still looks there.
+local function without_stamp_words(comment)
+    if not find(comment, "aigc_", 1, true) then return comment end
+    -- Each match takes the whitespace before it; the added space stands in for a first word.
+    return sub(gsub(" " .. comment, "%saigc_%a+=%S*", ""), 2)
+end
+
 -- ---------------------------------------------------------------------------------------------
 -- The job as the rules see it.
 
@@ -137,12 +178,14 @@ local function job_view(job_desc, job_rec, part_list, uid, is_modify)
     return { desc = job_desc, rec = job_rec, parts = part_list, uid = uid, modify = is_modify, plan = {}, planned = {} }
 end
 
--- A field of the job: on modify, the updated value, else the job record's.
+-- A field of the job: on modify, the updated value, else the job record's. An update leaves
+-- the numbers it does not change at NO_VAL (not nil): those are read from the record too.
 local function get(view, field)
     local value = view.desc[field]
-    if value == nil and view.rec then
-        value = view.rec[field]
-        if value == nil and field == "tres_per_node" then value = view.rec.gres end
+    if view.rec and (value == nil or value == NO_VAL) then
+        local recorded = view.rec[field]
+        if recorded == nil and field == "tres_per_node" then recorded = view.rec.gres end
+        if recorded ~= nil then value = recorded end
     end
     return value
 end
@@ -249,11 +292,12 @@ local function current(view, field)
     return get(view, field)
 end
 
-local function plan(view, field, value, why)
+-- `quiet` changes (the stamp) are not told to the user and logged only with hook.debug_log.
+local function plan(view, field, value, why, quiet)
     local before = current(view, field)
     if before == value then return end
     local plan_list = view.plan
-    plan_list[#plan_list + 1] = { field = field, value = value, before = get(view, field), why = why }
+    plan_list[#plan_list + 1] = { field = field, value = value, before = get(view, field), why = why, quiet = quiet }
     view.planned[field] = value
 end
 
@@ -272,15 +316,46 @@ local function is_interactive(view)
     return view.interactive
 end
 
--- `lname` is the lower-cased job name (or nil). Globs arrive precompiled: `*word*` as a plain
--- substring, anything else as an anchored Lua pattern.
+-- Name globs arrive precompiled (render.py `glob_matcher`) as segments between the `*`s: a
+-- plain string, or (with `?`) a Lua pattern of single characters with no quantifier. Each
+-- segment is found at its leftmost place after the previous one, which is exact for `*`
+-- globs and never backtracks: at most (name length x glob length) byte comparisons.
+local function segment_at(name, seg, pos)
+    if seg.plain then return sub(name, pos, pos + seg.len - 1) == seg.text end
+    return find(name, seg.anchored, pos) == pos
+end
+
+local function segment_find(name, seg, init)
+    if seg.plain then return find(name, seg.text, init, true) end
+    return find(name, seg.pattern, init)
+end
+
+local function glob_matches(glob, name)
+    local n = #name
+    if glob.exact then return n == glob.exact.len and segment_at(name, glob.exact, 1) end
+    local pos = 1
+    if glob.head then
+        if not segment_at(name, glob.head, 1) then return false end
+        pos = 1 + glob.head.len
+    end
+    for _, seg in ipairs(glob.middle) do
+        local start = segment_find(name, seg, pos)
+        if not start then return false end
+        pos = start + seg.len
+    end
+    if glob.tail then
+        local start = n - glob.tail.len + 1
+        return start >= pos and segment_at(name, glob.tail, start)
+    end
+    return true
+end
+M.glob_matches = glob_matches
+
+-- `lname` is the lower-cased job name, at most MAX_NAME_READ bytes (or nil).
 local function matches_name(rule, lname)
     if not lname then return false end
-    for _, word in ipairs(rule.substrings) do
-        if find(lname, word, 1, true) then return true end
-    end
-    for _, pattern in ipairs(rule.patterns) do
-        if find(lname, pattern) then return true end
+    for _, glob in ipairs(rule.globs) do
+        if glob_matches(glob, lname) then return true end
     end
     return false
 end
@@ -292,13 +367,13 @@ local function matches_rule(rule, view, lname)
         if rule.min_gpus and gpus < rule.min_gpus then return false end
         if rule.max_gpus and gpus > rule.max_gpus then return false end
     end
-    if rule.substrings then return matches_name(rule, lname) end
+    if rule.globs then return matches_name(rule, lname) end
     return true
 end
 
 local function detect_class(view)
     local name = get(view, "name")
-    local lname = name and lower(name)
+    local lname = type(name) == "string" and lower(sub(name, 1, MAX_NAME_READ)) or nil
     for _, rule in ipairs(P.detection) do
         if matches_rule(rule, view, lname) then return rule.class end
     end
@@ -378,6 +453,7 @@ local function rule_shard(view)
         if t.shards_per_gpu > 0 and vram <= cfg.max_fraction * t.memory_gib then
             allowed[#allowed + 1] = t
             local need = ceil(vram / t.gib_per_shard - 1e-9)
+            if need < 1 then need = 1 end  -- any vram > 0 takes at least one shard, never `shard:0`
             if need > shards then shards = need end
         end
     end
@@ -556,14 +632,35 @@ local function rule_class_defaults(view)
     end
 end
 
-local function rule_comment_class(view)
-    if not P.rewrites.comment_class.enabled then return end
+-- `aigc_class=<class>[ aigc_reclaim=no][ aigc_signal=[B:]<n>]` for the AdminComment.
+local function stamp_text(view)
+    local words = { STAMP_CLASS .. view.class }
+    if view.tags and view.tags.reclaim == false then words[#words + 1] = STAMP_RECLAIM .. "no" end
+    local sig = get(view, "warn_signal")
+    if type(sig) == "number" and sig > 0 and sig ~= NO_VAL16 and sig ~= NO_VAL then
+        local flags = get(view, "warn_flags")
+        local batch = type(flags) == "number" and flags ~= NO_VAL and flags % 2 == KILL_JOB_BATCH
+        words[#words + 1] = STAMP_SIGNAL .. (batch and "B:" or "") .. tostring(sig)
+    end
+    return table.concat(words, " ")
+end
+
+-- The trusted stamp (slurm_aigc/tags.py): written into the AdminComment at submit, replacing
+-- any stamp a crafted request carried. Not on modify: 22.05 refuses a whole `scontrol update`
+-- by a job owner when job_modify sets admin_comment, so the class stays the one stamped at
+-- submit. Stamp-like words a user wrote into the comment are removed.
+local function rule_stamp(view)
+    if not view.modify then
+        local _, _, rest = stamp_of(get(view, "admin_comment"))
+        local value = stamp_text(view)
+        if rest ~= nil and rest ~= "" then value = value .. "; " .. rest end
+        plan(view, "admin_comment", value, "stamp", true)
+    end
     if view.modify and view.desc.comment == nil then return end
     local comment = current(view, "comment")
-    if comment and find(comment, CLASS_KEY, 1, true) then return end
-    local stamped = CLASS_KEY .. view.class
-    if comment and comment ~= "" then stamped = comment .. " " .. stamped end
-    plan(view, "comment", stamped, "comment_class")
+    if type(comment) ~= "string" then return end
+    local cleaned = without_stamp_words(comment)
+    if cleaned ~= comment then plan(view, "comment", cleaned, "stamp: aigc_<key>= words are the hook's own") end
 end
 
 -- Writes the one --constraint expression: the user's AND list, then the GPU types, then features.
@@ -584,7 +681,7 @@ local function rule_features(view)
 end
 
 local RULES = { rule_shard, rule_vram_fit, rule_nvlink, rule_features, rule_model_prefer, rule_class_defaults,
-    rule_comment_class }
+    rule_stamp }
 for i = 1, 7 do assert(RULES[i], "aigc: rule " .. i .. " of RULES is undefined") end
 
 -- ---------------------------------------------------------------------------------------------
@@ -629,10 +726,14 @@ end
 local function announce(view)
     local name, uid, tell = show(get(view, "name")), view.uid, not view.modify
     for _, change in ipairs(view.plan) do
-        slurm.log_info("aigc: rewrite uid=%s name=%s class=%s %s: %s -> %s (%s)", tostring(uid), name,
-            view.class, change.field, show(change.before), show(change.value), change.why)
-        if tell then
-            slurm.log_user("aigc: %s: %s %s -> %s", change.why, change.field, show(change.before), show(change.value))
+        if not change.quiet then
+            slurm.log_info("aigc: rewrite uid=%s name=%s class=%s %s: %s -> %s (%s)", tostring(uid), name,
+                view.class, change.field, show(change.before), show(change.value), change.why)
+            if tell then
+                slurm.log_user("aigc: %s: %s %s -> %s", change.why, change.field, show(change.before), show(change.value))
+            end
+        elseif DEBUG then
+            slurm.log_debug("aigc: %s uid=%s: %s", change.why, tostring(uid), show(change.value))
         end
     end
     for _, text in ipairs(view.notes or {}) do
@@ -643,17 +744,39 @@ end
 -- ---------------------------------------------------------------------------------------------
 -- Entry points (called by job_submit.lua inside pcall).
 
+-- `type=interactive` is what Slurm says of a job without a batch script (srun/salloc); a
+-- batch job claiming it would be exempt from reclaim, so the claim is a tag error.
+local function check_claim(view, tags, problems)
+    if not tags or tags.type ~= "interactive" or is_interactive(view) then return problems end
+    tags.type = nil
+    problems = problems or {}
+    problems[#problems + 1] = { text = "type=interactive", why = "not an srun/salloc job",
+        fix = "interactive is set for jobs without a batch script; use another class" }
+    return problems
+end
+
+-- The class: on modify the one stamped at submit (an owner cannot re-class a job), else the
+-- tag's `type`, else the detection rules.
+local function job_class(view, tags)
+    if view.modify then
+        local stamped = stamp_of(get(view, "admin_comment"))
+        if stamped.class then return stamped.class end
+    end
+    return tags and tags.type or detect_class(view)
+end
+
 -- Returns (rc, class).
 local function run(view)
     local comment = get(view, "comment")
     local tags, problems = parse_tags(comment)
+    problems = check_claim(view, tags, problems)
     view.tags = tags
     if tags ~= nil or DETECTION_NEEDS_GPUS then
         local gpu, ambiguous = find_gpu(view)
         view.gpu = gpu
         if ambiguous and DEBUG then slurm.log_debug("aigc: GPU request not understood, not rewritten") end
     end
-    local class = tags and tags.type or detect_class(view)
+    local class = job_class(view, tags)
     view.class = class
     if view.uid == 0 and P.hook.skip_root then return slurm.SUCCESS, class end
     -- A malformed tag is rejected in strict mode whatever the class: the user meant to tag.
@@ -663,9 +786,12 @@ local function run(view)
         slurm.log_user("%s", text)
         return slurm.ERROR, class
     end
-    if UNTOUCHED[class] then return slurm.SUCCESS, class end
     if problems then note_user(view, tag_error_text(problems) .. " -- ignored") end
-    for _, rule in ipairs(RULES) do rule(view) end
+    if UNTOUCHED[class] then
+        rule_stamp(view)  -- left as submitted, but the daemons must know its class
+    else
+        for _, rule in ipairs(RULES) do rule(view) end
+    end
     if view.type_misfit then
         local text = "aigc: " .. view.type_misfit .. "; fix --gres or vram="
         if STRICT and P.rewrites.vram_fit.reject_misfit then
@@ -684,9 +810,20 @@ function M.submit(job_desc, part_list, submit_uid)
     return run(job_view(job_desc, nil, part_list, submit_uid, false))
 end
 
+-- An admin's (or a daemon's) `scontrol update AdminComment=...` without a stamp keeps the
+-- job's stamp in front: only admins may set admin_comment, so this never fails an update.
+local function keep_stamp(job_desc, job_rec)
+    local new = job_desc.admin_comment
+    if new == nil or next((stamp_of(new))) ~= nil then return end
+    local _, old = stamp_of(job_rec.admin_comment)
+    if old == "" then return end
+    job_desc.admin_comment = (new == "") and old or (old .. "; " .. new)
+end
+
 -- `scontrol update` of a pending job: same rules over (new fields, else the job's record),
 -- run only when the update touches the comment or a GPU request.
 function M.modify(job_desc, job_rec, part_list, modify_uid)
+    keep_stamp(job_desc, job_rec)
     if job_rec.job_state ~= JOB_PENDING then return slurm.SUCCESS, nil end
     local touched = job_desc.comment ~= nil
     for _, field in ipairs(GRES_FIELDS) do

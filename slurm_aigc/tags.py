@@ -30,6 +30,7 @@ STAMP_KEYS = ("class", "reclaim")
 # Lua 5.1's %s in the C locale (slurmctld's): exactly these six bytes, not Python's \s.
 _LUA_SPACE = " \t\n\v\f\r"
 _BODY_RE = re.compile(f"[^{re.escape(_LUA_SPACE)}]*")
+_LUA_SPACE_RE = re.compile(f"[{re.escape(_LUA_SPACE)}]+")
 _KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _STAMP_WORD_RE = re.compile(r"aigc_([a-z]+)=([A-Za-z0-9_.:-]+)")  # `:` for aigc_signal=B:USR1
 _MODEL_UNSAFE_RE = re.compile(r"[^A-Za-z0-9_.\-]+")
@@ -119,7 +120,9 @@ def comment_tags(comment: str | None, classes: frozenset[str] | None = None) -> 
 def _stamp_words(admin_comment: str | None) -> list[re.Match[str]]:
     words: list[re.Match[str]] = []
     head = (admin_comment or "").split(";", 1)[0]
-    for word in head.split():
+    for word in _LUA_SPACE_RE.split(head):
+        if not word:
+            continue
         match = _STAMP_WORD_RE.fullmatch(word)
         if match is None:
             break

@@ -18,6 +18,7 @@ from typing import Any
 from lupa import lua51
 
 from slurm_aigc.errors import AigcError
+from slurm_aigc.policy.render import glob_matcher, lua_value
 
 NO_VAL = 4294967294
 INFINITE = 4294967295
@@ -39,7 +40,8 @@ NUMBER_FIELDS = (
     "min_nodes", "nice", "ntasks_per_board", "ntasks_per_core", "ntasks_per_gpu", "ntasks_per_node",
     "ntasks_per_socket", "ntasks_per_tres", "num_tasks", "pn_min_cpus", "pn_min_memory", "pn_min_tmp_disk",
     "priority", "reboot", "req_switch", "requeue", "shared", "site_factor", "sockets_per_board",
-    "sockets_per_node", "threads_per_core", "time_limit", "time_min", "user_id", "wait4switch",
+    "sockets_per_node", "threads_per_core", "time_limit", "time_min", "user_id", "wait4switch", "warn_flags",
+    "warn_signal", "warn_time",
 )
 # Fields Slurm 22.05's setter lets "" clear on modify (SET_JOB_STRING(field, true)).
 CLEARABLE_ON_MODIFY = (
@@ -268,6 +270,26 @@ class HookRuntime:
         """Lua CPU time of one slurm_job_submit call (benchmarks/bench_hook.py)."""
         parts = self._lua.table_from({_to_lua(n): self._table(p) for n, p in default_partitions().items()})
         return float(self._harness.bench(self._table(fields), parts, submit_uid, calls))
+
+    def parse_tags(self, comment: str) -> tuple[dict[str, Any], list[str]]:
+        """The hook's own `parse_tags(comment)`: (accepted tags, the text of each bad pair)."""
+        tags, problems = self._pure(b"parse_tags")(_to_lua(comment))
+        accepted = {_from_lua(k): _from_lua(v) for k, v in tags.items()} if tags is not None else {}
+        bad = [_from_lua(p[b"text"]) for p in problems.values()] if problems is not None else []
+        return accepted, bad
+
+    def stamp_of(self, admin_comment: str) -> tuple[dict[str, str], str, str]:
+        """The hook's reading of an AdminComment: (stamp tags, stamp text, the rest)."""
+        found, text, rest = self._pure(b"stamp_of")(_to_lua(admin_comment))
+        return {_from_lua(k): _from_lua(v) for k, v in found.items()}, _from_lua(text), _from_lua(rest)
+
+    def glob_matches(self, glob: str, name: str) -> bool:
+        """The hook's name-glob test, `glob` compiled as `policy render` compiles it."""
+        compiled = self._lua.eval(lua_value(glob_matcher(glob)).encode("utf-8"))
+        return bool(self._pure(b"glob_matches")(compiled, _to_lua(name)))
+
+    def _pure(self, name: bytes) -> Any:
+        return self._lua.globals()[b"AIGC_PURE"][name]
 
     def _table(self, fields: Mapping[str, Any]) -> Any:
         return self._lua.table_from({_to_lua(k): _to_lua(v) for k, v in _clean(fields).items()})

@@ -18,6 +18,7 @@ from slurm_aigc.policy.hookruntime import (
 from slurm_aigc.policy.loader import parse_policy_text
 from slurm_aigc.policy.paths import shipped_policy
 from slurm_aigc.policy.render import render_hook
+from slurm_aigc.tags import trusted_class
 from slurm_aigc.telemetry.features import model_feature
 
 ALICE = 1001
@@ -96,7 +97,7 @@ def test_typed_request_too_small_is_kept_but_user_warned(hook: HookRuntime) -> N
 def test_multi_gpu_train_on_one_node_goes_to_nvlink_types(hook: HookRuntime) -> None:
     result = submit(hook, comment="aigc:type=train", tres_per_node="gres:gpu:8", min_nodes=1)
     assert result.changes["features"] == (None, "a100")
-    assert result.changes["comment"] == ("aigc:type=train", "aigc:type=train aigc_class=train")
+    assert result.after["admin_comment"] == "aigc_class=train" and "comment" not in result.changes
 
 
 def test_multi_node_train_is_not_constrained(hook: HookRuntime) -> None:
@@ -192,7 +193,7 @@ def test_class_default_time_above_partition_max_is_skipped(tmp_path: Path) -> No
 
 @pytest.mark.parametrize("fields", [
     {"comment": "aigc:type=infer,vram=20G", "tres_per_node": "gres:gpu:1", "script": None},  # srun: interactive
-    {"comment": "aigc:type=interactive", "tres_per_node": "gres:gpu:1"},
+    {"comment": "aigc:type=interactive", "tres_per_node": "gres:gpu:1", "script": None},
     {"comment": "just text", "tres_per_node": "gres:gpu:8"},
     {"comment": None, "tres_per_node": "gres:gpu:1", "name": "notebook"},
 ])
@@ -201,8 +202,17 @@ def test_interactive_and_unknown_jobs_are_untouched(hook: HookRuntime, fields: d
     if fields.get("script") is None and "aigc:type=interactive" not in str(fields.get("comment")):
         fields["comment"] = None  # srun with no tag
     result = hook.submit(fields, submit_uid=ALICE)
-    assert result.rc == SUCCESS and result.changes == {} and result.messages == []
+    assert result.rc == SUCCESS and set(result.changes) == {"admin_comment"} and result.messages == []
     assert result.job_class in ("interactive", "unknown")
+    # Left as submitted, but stamped: the daemons must know an interactive job is one.
+    assert result.after["admin_comment"] == f"aigc_class={result.job_class}"
+
+
+def test_a_batch_job_cannot_claim_to_be_interactive(hook: HookRuntime) -> None:
+    result = submit(hook, comment="aigc:type=interactive,reclaim=no", tres_per_node="gres:gpu:1")
+    assert result.job_class == "unknown" and result.after["admin_comment"] == "aigc_class=unknown aigc_reclaim=no"
+    assert any("type=interactive" in m and "srun/salloc" in m for m in result.messages)
+
 
 
 def test_root_is_untouched(hook: HookRuntime) -> None:
@@ -215,12 +225,15 @@ def test_untagged_job_classified_by_name_and_gpu_count(hook: HookRuntime) -> Non
     assert named.job_class == "finetune"
     assert named.changes["features"] == (None, "a100")
     no_gpu = submit(hook, name="vllm-serve")  # infer rule needs min_gpus: 1
-    assert no_gpu.job_class == "unknown" and no_gpu.changes == {}
+    assert no_gpu.job_class == "unknown" and set(no_gpu.changes) == {"admin_comment"}
 
 
-def test_comment_class_is_not_duplicated(hook: HookRuntime) -> None:
-    result = submit(hook, comment="aigc:type=batch aigc_class=batch", tres_per_node="gres:gpu:1")
-    assert "comment" not in result.changes
+def test_the_class_is_stamped_into_the_admin_comment_and_user_stamps_are_dropped(hook: HookRuntime) -> None:
+    result = submit(hook, comment="run aigc:type=batch aigc_class=interactive aigc_reclaim=no x", tres_per_node="gres:gpu:1",
+                    admin_comment="aigc_class=interactive; sent in a crafted request")
+    assert result.after["comment"] == "run aigc:type=batch x"
+    assert result.after["admin_comment"] == "aigc_class=batch; sent in a crafted request"
+    assert trusted_class(result.after["admin_comment"]) == "batch"
 
 
 def test_malformed_tag_is_ignored_and_reported_in_lenient_mode(hook: HookRuntime) -> None:
@@ -242,9 +255,10 @@ def test_strict_mode_rejects_naming_the_bad_part_and_the_fix(tmp_path: Path) -> 
 def test_every_rewrite_is_logged_with_the_aigc_tag_and_told_to_the_user(hook: HookRuntime) -> None:
     result = submit(hook, comment="aigc:type=infer,vram=20G", tres_per_node="gres:gpu:1")
     logged = result.logged("log")
-    assert len(logged) == len(result.changes)
+    rewrites = set(result.changes) - {"admin_comment"}  # the stamp is no rewrite of the user's request
+    assert len(logged) == len(rewrites) == 2
     assert all(line.startswith("aigc: rewrite ") for line in logged)
-    assert len(result.messages) == len(result.changes)
+    assert len(result.messages) == len(rewrites)
 
 
 def test_gpus_per_job_becomes_shards_per_node(hook: HookRuntime) -> None:
@@ -274,7 +288,8 @@ def test_modify_retags_a_pending_job_without_touching_its_gres(hook: HookRuntime
     # 22.05 fails the whole `scontrol update` when job_modify changes the GRES of a pending job.
     assert not {"tres_per_node", "tres_per_job"} & set(result.changes)
     assert result.changes["features"] == (None, "a100")  # vram_fit still keeps it off t4
-    assert result.changes["comment"] == ("aigc:type=infer,vram=20G", "aigc:type=infer,vram=20G aigc_class=infer")
+    # 22.05 refuses an owner's whole update when job_modify sets admin_comment: never on modify.
+    assert not {"comment", "admin_comment"} & set(result.changes)
     # 22.05 discards log_user in job_modify (with an error line): only the log is written.
     assert result.messages == [] and result.logged("log")
 
@@ -286,10 +301,12 @@ def test_modify_of_running_or_unrelated_fields_does_nothing(hook: HookRuntime) -
     assert hook.modify({"time_limit": 30}, pending, modify_uid=ALICE).changes == {}
 
 
-def test_modify_does_not_duplicate_the_class(hook: HookRuntime) -> None:
-    record = {"job_state": 0, "comment": "x aigc_class=batch", "gres": "gres:gpu:1"}
-    result = hook.modify({"comment": "aigc:type=batch aigc_class=batch"}, record, modify_uid=ALICE)
-    assert "comment" not in result.changes
+def test_modify_keeps_the_stamped_class_and_drops_user_stamps(hook: HookRuntime) -> None:
+    record = {"job_state": 0, "comment": "x", "gres": "gres:gpu:1", "admin_comment": "aigc_class=batch"}
+    result = hook.modify({"comment": "aigc:type=infer,vram=20G aigc_class=interactive"}, record, modify_uid=ALICE)
+    assert result.job_class == "batch"  # an owner cannot re-class a submitted job
+    assert result.changes["comment"] == ("aigc:type=infer,vram=20G aigc_class=interactive", "aigc:type=infer,vram=20G")
+    assert "admin_comment" not in result.changes
 
 
 def test_reclaim_opt_out_is_a_valid_key_for_the_hook(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 from click.testing import CliRunner
 
@@ -46,7 +47,9 @@ def test_classify_reject_exits_zero(tmp_path: Path) -> None:
 def test_classify_root_interactive_and_untagged_change_nothing() -> None:
     assert run_classify("--comment", "aigc:type=infer,vram=20G", "--gres", "gpu:1", "--user-id", "0")["changes"] == {}
     interactive = run_classify("--gres", "gpu:1", "--interactive")
-    assert interactive["class"] == "interactive" and interactive["changes"] == {}
+    # Only the trusted stamp is written: the daemons must know it is interactive.
+    assert interactive["class"] == "interactive"
+    assert interactive["changes"] == {"admin_comment": [None, "aigc_class=interactive"]}
     assert run_classify("--comment", "hello", "--gres", "gpu:1")["class"] == "unknown"
 
 
@@ -78,3 +81,39 @@ def test_check_reports_config_errors(tmp_path: Path) -> None:
     assert isinstance(result.exception, ConfigError)
     assert "inventory.gpu_types.a100" in str(result.exception) and "colour" in str(result.exception)
     assert result.exception.exit_code == 2
+
+
+def edited_policy(tmp_path: Path, text_edits: dict[str, str]) -> str:
+    """The shipped policy with `key: value` lines replaced (first match), as a file."""
+    text = shipped_policy().read_text()
+    for old, new in text_edits.items():
+        assert old in text, old
+        text = text.replace(old, new, 1)
+    path = tmp_path / "edited.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize(("old", "new", "key_path"), [
+    ("cooldown_s: 900", "cooldown_s: .nan", "reclaim.cooldown_s"),
+    ("poll_interval_s: 10", "poll_interval_s: .nan", "reclaim.poll_interval_s"),
+    ("a100: {memory_gib: 80", "a100: {memory_gib: .nan", "inventory.gpu_types.a100.memory_gib"),
+    ("window_s: 3600", "window_s: .inf", "reclaim.classes.infer.window_s"),
+    ("shard_gres: shard", "shard_gres: gpu", "inventory.shard_gres"),
+    ("signal: USR1", "signal: TERM", "reclaim.signal"),
+])
+@pytest.mark.parametrize("command", ["check", "render", "install"])
+def test_check_render_and_install_refuse_naming_the_key(tmp_path: Path, old: str, new: str, key_path: str,
+                                                         command: str) -> None:
+    path = edited_policy(tmp_path, {old: new})
+    extra = ["--slurm-conf-dir", str(tmp_path)] if command == "install" else []
+    result = CliRunner().invoke(policy, [command, "--policy", path, *extra])
+    assert isinstance(result.exception, ConfigError), result.output  # not a traceback from render
+    assert result.exception.key_path == key_path and result.exception.exit_code == 2
+    assert not (tmp_path / "job_submit.lua").exists()
+
+
+def test_check_accepts_a_terminating_signal_when_cancelling_is_enabled(tmp_path: Path) -> None:
+    path = edited_policy(tmp_path, {"signal: USR1": "signal: TERM", "cancel_enabled: false": "cancel_enabled: true"})
+    result = CliRunner().invoke(policy, ["check", "--policy", path])
+    assert result.exit_code == 0 and result.stdout.startswith("ok: ")
