@@ -59,12 +59,15 @@ def render(policy_path: Path | None, table_only: bool, output: Path | None) -> N
 @click.option("--slurm-conf-dir", "conf_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Slurm's config dir (default: the directory of $SLURM_CONF / /etc/slurm/slurm.conf).")
 @click.option("--reconfigure", is_flag=True, help="Run `scontrol reconfigure` afterwards (resets features set by scontrol update).")
-def install(policy_path: Path | None, conf_dir: Path | None, reconfigure: bool) -> None:
+@click.option("--force", is_flag=True, help="Replace a job_submit.lua that is not slurm-aigc's (it is copied aside first).")
+def install(policy_path: Path | None, conf_dir: Path | None, reconfigure: bool, force: bool) -> None:
     """Validate, render, `luac -p`, then atomically replace <slurm conf dir>/job_submit.lua."""
     loaded = _load(policy_path)
     text = render_hook(loaded)
     HookRuntime(text)  # loads in Lua 5.1 the way slurmctld does; raises if it would not
-    result = install_hook(text, conf_dir or slurm_conf_dir())
+    result = install_hook(text, conf_dir or slurm_conf_dir(), force=force)
+    if result.backup is not None:
+        click.echo(f"the site's own {HOOK_FILE} was copied to {result.backup}")
     click.echo(f"installed {result.path} ({result.bytes_written} bytes) from {loaded.source}")
     if reconfigure:
         from slurm_aigc.slurm import SlurmCli

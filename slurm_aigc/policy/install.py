@@ -9,6 +9,11 @@ Slurm 22.05 re-reads job_submit.lua only when its mtime is newer than the second
 load, so a file replaced within that same second would be ignored until the next change; the
 new file's mtime is set one second past both the clock and the old file's mtime, which is
 newer than any earlier load.
+
+A site's own job_submit.lua is never replaced by accident: a file whose first line is not
+one of ours (`-- slurm-aigc ...`, the rendered hook's marker or the local cluster's
+placeholder) is refused unless `force`, and then copied aside first
+(`job_submit.lua.site-backup-<UTC time>`, never overwritten).
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from pathlib import Path
 from slurm_aigc.errors import AigcError
 
 HOOK_FILE = "job_submit.lua"
+# Every job_submit.lua we write starts with this (render.MARKER, the local cluster's placeholder).
+OURS_PREFIX = "-- slurm-aigc "
 Runner = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
 
 
@@ -37,6 +44,7 @@ class InstallResult:
     path: Path
     bytes_written: int
     mtime_s: float
+    backup: Path | None = None  # where a replaced site hook was copied
 
 
 def _run(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
@@ -112,7 +120,51 @@ def _fsync_dir(directory: Path) -> None:
 
 
 def install_hook(text: str, conf_dir: Path, *, luac: str | None = None, run: Runner = _run,
-                 clock: Callable[[], float] = time.time) -> InstallResult:
-    """Check and install an already rendered hook as `<conf_dir>/job_submit.lua`."""
+                 clock: Callable[[], float] = time.time, force: bool = False) -> InstallResult:
+    """Check and install an already rendered hook as `<conf_dir>/job_submit.lua`.
+
+    An existing hook that is not ours is refused, or with `force` backed up and replaced.
+    """
     syntax_check(text, luac=luac, run=run)
-    return atomic_write(conf_dir / HOOK_FILE, text, clock=clock)
+    target = conf_dir / HOOK_FILE
+    backup = None
+    if not is_ours(target):
+        if not force:
+            raise PolicyInstallError(
+                f"{target} is not slurm-aigc's (its first line does not start with {OURS_PREFIX.strip()!r}): "
+                "a site's own hook is not replaced; merge it into the policy, move it aside, "
+                "or pass --force (it is copied aside first)")
+        backup = back_up(target, clock())
+    result = atomic_write(target, text, clock=clock)
+    return InstallResult(result.path, result.bytes_written, result.mtime_s, backup)
+
+
+def is_ours(path: Path) -> bool:
+    """True when there is no hook, an empty one, or one we wrote (first line `-- slurm-aigc ...`)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            first = handle.readline(4096)
+    except FileNotFoundError:
+        return True
+    except OSError as error:
+        raise PolicyInstallError(f"cannot read {path}: {error.strerror or error}") from error
+    return first == "" or first.startswith(OURS_PREFIX)
+
+
+def back_up(path: Path, now_s: float) -> Path:
+    """Copy `path` to `<path>.site-backup-<UTC time>` (a new name, never an existing file)."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now_s))
+    for attempt in range(100):
+        backup = path.with_name(f"{path.name}.site-backup-{stamp}" + (f".{attempt}" if attempt else ""))
+        try:
+            with open(path, "rb") as source, open(backup, "xb") as copy:
+                shutil.copyfileobj(source, copy)
+                copy.flush()
+                os.fsync(copy.fileno())
+        except FileExistsError:
+            continue
+        except OSError as error:
+            raise PolicyInstallError(f"cannot back up {path} to {backup}: {error.strerror or error}") from error
+        shutil.copystat(path, backup)
+        return backup
+    raise PolicyInstallError(f"cannot back up {path}: 100 backups from {stamp} already exist")

@@ -74,3 +74,40 @@ def test_real_luac_rejects_broken_lua() -> None:
     syntax_check(GOOD)
     with pytest.raises(PolicyInstallError, match="job_submit.lua"):
         syntax_check("function (")
+
+
+SITE_HOOK = "-- our site's own submit filter\nfunction slurm_job_submit() return slurm.SUCCESS end\n"
+OURS = "-- slurm-aigc job_submit.lua (rendered)\n" + GOOD
+
+
+def test_a_sites_own_hook_is_not_replaced_without_force(tmp_path: Path) -> None:
+    target = tmp_path / "job_submit.lua"
+    target.write_text(SITE_HOOK)
+    _, run = fake_luac(0)
+    with pytest.raises(PolicyInstallError, match="not slurm-aigc's.*--force"):
+        install_hook(OURS, tmp_path, luac="luac5.1", run=run)  # type: ignore[arg-type]
+    assert target.read_text() == SITE_HOOK
+    assert [p.name for p in tmp_path.iterdir()] == ["job_submit.lua"]
+
+
+def test_force_replaces_a_sites_hook_after_copying_it_aside(tmp_path: Path) -> None:
+    target = tmp_path / "job_submit.lua"
+    target.write_text(SITE_HOOK)
+    _, run = fake_luac(0)
+    first = install_hook(OURS, tmp_path, luac="luac5.1", run=run, clock=lambda: 1_800_000_000.0, force=True)  # type: ignore[arg-type]
+    assert target.read_text() == OURS
+    assert first.backup == tmp_path / "job_submit.lua.site-backup-20270115T080000Z"
+    assert first.backup.read_text() == SITE_HOOK
+    target.write_text(SITE_HOOK + "-- edited again\n")  # a second forced install in the same second
+    second = install_hook(OURS, tmp_path, luac="luac5.1", run=run, clock=lambda: 1_800_000_000.0, force=True)  # type: ignore[arg-type]
+    assert second.backup is not None and second.backup.name.endswith(".1")
+    assert first.backup.read_text() == SITE_HOOK  # an earlier backup is never overwritten
+
+
+def test_our_own_hook_and_the_placeholder_are_replaced_without_a_backup(tmp_path: Path) -> None:
+    target = tmp_path / "job_submit.lua"
+    _, run = fake_luac(0)
+    for previous in (OURS, "-- slurm-aigc placeholder: accepts every job\nreturn slurm.SUCCESS\n", ""):
+        target.write_text(previous)
+        assert install_hook(OURS, tmp_path, luac="luac5.1", run=run).backup is None  # type: ignore[arg-type]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job_submit.lua"]
