@@ -9,7 +9,7 @@ from typing import TypeVar
 
 from slurm_aigc.errors import SlurmCommandError
 from slurm_aigc.slurm import JobInfo
-from slurm_aigc.telemetry.gres import job_gres_by_nodes
+from slurm_aigc.telemetry.gres import gres_indices
 
 T = TypeVar("T")
 
@@ -67,18 +67,19 @@ def cancel_quietly(cluster: object, *job_ids: str) -> None:
             pass
 
 
-def gpu_indices_from_job_detail(detail: str) -> list[int]:
-    """GPU indices of a one-node job in `scontrol show job -d` text, via the product's parser.
 
-    Both detail forms: `GRES=gpu:a100:2(IDX:3-4)` and `GRES=shard:8(IDX:1)` (22.05), and the
-    used/total pair per GPU that 24.11 prints for shards, `GRES=shard:8(8/16,0/16,0/16,0/16)`.
+def gpu_indices_of_job(job: JobInfo | None) -> list[int]:
+    """GPU indices of a one-node job, from its `gres_detail` via the product's parser.
+
+    Both detail forms: `gpu:a100:2(IDX:3-4)` and `shard:8(IDX:1)` (22.05), and the used/total
+    pair per GPU that 24.05+ print for shards, `shard:8(8/16,0/16,0/16,0/16)`.
     """
-    per_node = job_gres_by_nodes(" ".join(detail.split()))
-    assert len(per_node) == 1 and per_node[0][1], f"no single-node GPU detail in: {detail}"
-    return sorted(per_node[0][1])
+    assert job is not None and len(job.gres_detail) == 1, f"not a one-node GPU job: {job}"
+    indices = sorted(gres_indices(job.gres_detail[0][1]))
+    assert indices, f"no GPU indices in {job.gres_detail}"
+    return indices
 
 
 def allocated_gpu_indices(cluster: object, job_id: str) -> list[int]:
-    """`scontrol show job -d JOB`: the GPU indices the job holds on its node."""
-    detail = cluster.slurm.run("scontrol", ["show", "job", "-d", job_id]).stdout  # type: ignore[attr-defined]
-    return gpu_indices_from_job_detail(str(detail))
+    """`scontrol -d show job JOB` (as `SlurmCli.job` reads it): the GPU indices the job holds."""
+    return gpu_indices_of_job(cluster.slurm.job(job_id))  # type: ignore[attr-defined]
