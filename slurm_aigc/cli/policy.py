@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from slurm_aigc.errors import AigcError
-from slurm_aigc.policy.hookruntime import HookResult, HookRuntime
+from slurm_aigc.policy.hookruntime import INFINITE, NO_VAL, HookResult, HookRuntime
 from slurm_aigc.policy.install import HOOK_FILE, install_hook
 from slurm_aigc.policy.loader import load_policy
 from slurm_aigc.policy.model import UNKNOWN_CLASS, Policy
@@ -105,6 +105,45 @@ def _tres_prefix(style: str) -> str:
     return "gres:" if (major, minor) < (23, 2) else "gres/"
 
 
+def partitions_of(scontrol_text: str) -> dict[str, dict[str, Any]]:
+    """`scontrol show partition -o` -> part_list entries as job_submit/lua shows them (minutes).
+
+    Partition lines are written by admins only (slurm.conf), so key=value reading is safe here.
+    """
+    from slurm_aigc.slurm import parse_key_values
+
+    parts: dict[str, dict[str, Any]] = {}
+    for line in scontrol_text.splitlines():
+        fields = parse_key_values(line)
+        name = fields.get("PartitionName")
+        if name:
+            parts[name] = {"name": name, "max_time": _minutes(fields.get("MaxTime")),
+                           "default_time": _minutes(fields.get("DefaultTime")),
+                           "flag_default": 1 if fields.get("Default") == "YES" else 0}
+    return parts
+
+
+def _minutes(text: str | None) -> int:
+    """`UNLIMITED` -> INFINITE, `NONE`/absent -> NO_VAL, `1-00:00:00` -> 1440 (as part_list holds them)."""
+    from slurm_aigc.slurm import parse_duration_s
+
+    if text == "UNLIMITED":
+        return INFINITE
+    seconds = parse_duration_s(text)
+    return NO_VAL if seconds is None else seconds // 60
+
+
+def _cluster_partitions() -> dict[str, dict[str, Any]]:
+    from slurm_aigc.slurm import SlurmCli
+
+    try:
+        text = SlurmCli(timeout_s=10.0).run("scontrol", ["show", "partition", "-o"]).stdout
+    except (AigcError, OSError) as error:
+        raise click.ClickException(f"cannot read the cluster's partitions ({error}); "
+                                   "use --partitions-from none to classify without them") from error
+    return partitions_of(text)
+
+
 def _gres_value(text: str | None, prefix: str) -> str | None:
     if not text:
         return None
@@ -151,15 +190,19 @@ def result_json(result: HookResult) -> dict[str, Any]:
 @click.option("--user-id", type=int, default=1000, show_default=True, help="Submitting uid (0 = root: never rewritten).")
 @click.option("--tres-style", type=click.Choice(["auto", "22.05", "23.02"]), default="auto",
               help="How Slurm shows GPU requests to Lua (auto: ask scontrol --version).")
+@click.option("--partitions-from", type=click.Choice(["cluster", "none"]), default="cluster", show_default=True,
+              help="part_list as slurmctld hands it to the hook: the cluster's partitions (scontrol), or none.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @POLICY_OPTION
-def classify(as_json: bool, policy_path: Path | None, tres_style: str, batch: bool, **options: Any) -> None:
+def classify(as_json: bool, policy_path: Path | None, tres_style: str, batch: bool, partitions_from: str,
+             **options: Any) -> None:
     """Run the installed job_submit.lua (or --policy's) on a job, without submitting it."""
     text, source = hook_text(policy_path)
     runtime = HookRuntime(text)
     options["interactive"] = not batch
     fields = job_fields(options, _tres_prefix(tres_style))
-    result = runtime.submit(fields, submit_uid=options["user_id"])
+    parts = _cluster_partitions() if partitions_from == "cluster" else {}
+    result = runtime.submit(fields, submit_uid=options["user_id"], partitions=parts)
     for line in result.logged("error"):
         click.echo(f"slurmctld would log: error: {line}", err=True)
     if as_json:

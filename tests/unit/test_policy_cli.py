@@ -9,15 +9,16 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from slurm_aigc.cli.policy import classify, policy
+from slurm_aigc.cli.policy import classify, partitions_of, policy
 from slurm_aigc.errors import ConfigError
+from slurm_aigc.policy.hookruntime import INFINITE, NO_VAL
 from slurm_aigc.policy.paths import shipped_policy
 
 POLICY = str(shipped_policy())
 
 
 def run_classify(*args: str) -> dict[str, object]:
-    result = CliRunner().invoke(classify, ["--policy", POLICY, "--tres-style", "22.05", "--json", *args])
+    result = CliRunner().invoke(classify, ["--policy", POLICY, "--tres-style", "22.05", "--partitions-from", "none", "--json", *args])
     assert result.exit_code == 0, result.output
     document: dict[str, object] = json.loads(result.stdout)
     return document
@@ -37,7 +38,7 @@ def test_classify_reject_exits_zero(tmp_path: Path) -> None:
     document["hook"]["strict_tags"] = True
     strict = tmp_path / "strict.yaml"
     strict.write_text(yaml.safe_dump(document))
-    result = CliRunner().invoke(classify, ["--policy", str(strict), "--tres-style", "22.05", "--json",
+    result = CliRunner().invoke(classify, ["--policy", str(strict), "--tres-style", "22.05", "--partitions-from", "none", "--json",
                                            "--comment", "aigc:vram=huge", "--gres", "gpu:1"])
     assert result.exit_code == 0
     out = json.loads(result.stdout)
@@ -54,11 +55,11 @@ def test_classify_root_interactive_and_untagged_change_nothing() -> None:
 
 
 def test_classify_24_style_and_gpus_per_job() -> None:
-    result = CliRunner().invoke(classify, ["--policy", POLICY, "--tres-style", "23.02", "--json",
+    result = CliRunner().invoke(classify, ["--policy", POLICY, "--tres-style", "23.02", "--partitions-from", "none", "--json",
                                            "--comment", "aigc:type=train", "--gpus", "8", "--nodes", "1"])
     out = json.loads(result.stdout)
     assert out["changes"]["features"] == [None, "a100"]
-    text = CliRunner().invoke(classify, ["--policy", POLICY, "--tres-style", "23.02", "--comment", "aigc:type=infer,vram=8G",
+    text = CliRunner().invoke(classify, ["--policy", POLICY, "--tres-style", "23.02", "--partitions-from", "none", "--comment", "aigc:type=infer,vram=8G",
                                          "--gres", "gpu:1"])
     assert "change:  tres_per_node: gres/gpu:1 -> gres/shard:8" in text.stdout
 
@@ -117,3 +118,12 @@ def test_check_accepts_a_terminating_signal_when_cancelling_is_enabled(tmp_path:
     path = edited_policy(tmp_path, {"signal: USR1": "signal: TERM", "cancel_enabled: false": "cancel_enabled: true"})
     result = CliRunner().invoke(policy, ["check", "--policy", path])
     assert result.exit_code == 0 and result.stdout.startswith("ok: ")
+
+
+def test_classify_reads_the_partitions_from_scontrol() -> None:
+    text = ("PartitionName=gpu AllowGroups=ALL Default=YES DefaultTime=NONE MaxTime=UNLIMITED State=UP\n"
+            "PartitionName=short Default=NO DefaultTime=00:10:00 MaxTime=1-00:00:00 State=UP\n")
+    assert partitions_of(text) == {
+        "gpu": {"name": "gpu", "max_time": INFINITE, "default_time": NO_VAL, "flag_default": 1},
+        "short": {"name": "short", "max_time": 1440, "default_time": 10, "flag_default": 0},
+    }
