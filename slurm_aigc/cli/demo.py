@@ -15,13 +15,13 @@ from pathlib import Path
 
 import click
 
-from slurm_aigc.cli.replay import GeneratorChoice, default_trace_input, workload_from_traces
+from slurm_aigc.cli.replay_traces import GeneratorChoice, default_trace_input, workload_from_traces
 from slurm_aigc.localcluster.manager import LocalCluster
 from slurm_aigc.localcluster.shape import DEFAULT_SHAPE
 from slurm_aigc.policy.paths import default_policy
 from slurm_aigc.replay.compare import metrics_of
 from slurm_aigc.replay.runner import SLURM_AIGC_BIN, ReplayRun, RunSettings
-from slurm_aigc.replay.workload import write_workload
+from slurm_aigc.replay.workload_files import write_workload
 
 
 def _step(message: str) -> None:

@@ -25,6 +25,7 @@ from slurm_aigc.reclaim.detect import GpuEvidence
 from slurm_aigc.reclaim.ladder import PlannedAction
 from slurm_aigc.reclaim.store import ActionRow, ReclaimStore
 from slurm_aigc.slurm import SlurmCli
+from slurm_aigc.textfmt import text_table
 
 LOG = logging.getLogger(__name__)
 _SHORT_SINCE_RE = re.compile(r"^\d+[smhdw]$")
@@ -244,9 +245,7 @@ def _num(value: float | None) -> str:
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(str(c)) for c in column) for column in zip(header, *rows)]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in (header, *rows)]
-    return "\n".join(lines)
+    return text_table(header, rows, rule=False)
 
 
 __all__ = ["ActionResult", "ReclaimConfig", "audit", "controller", "idle"]

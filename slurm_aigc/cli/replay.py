@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -18,16 +18,13 @@ from typing import Any
 import click
 from sqlalchemy.orm import Session, sessionmaker
 
+from slurm_aigc.cli.replay_run import compare, run_workload_command
+from slurm_aigc.cli.replay_traces import GeneratorChoice, generator_options, workload_from_traces
 from slurm_aigc.errors import AigcError, DatabaseError
-from slurm_aigc.replay import generator, traces
 from slurm_aigc.replay.from_sacct import FromSacctParams, workload_from_sacct
-from slurm_aigc.replay.workload import (
-    Workload,
-    read_workload,
-    span_s,
-    summarize,
-    write_workload,
-)
+from slurm_aigc.replay.workload import Workload, span_s, summarize
+from slurm_aigc.replay.workload_files import read_workload, write_workload
+from slurm_aigc.report.records import SampleSlice
 from slurm_aigc.report.sacct import (
     JobRecord,
     SacctQuery,
@@ -35,12 +32,12 @@ from slurm_aigc.report.sacct import (
     SacctRunner,
     SkippedRow,
 )
-from slurm_aigc.report.samples import SampleSlice, SampleStore
+from slurm_aigc.report.samples import SampleStore
 from slurm_aigc.report.timespec import parse_when
+from slurm_aigc.textfmt import text_table
 
 log = logging.getLogger(__name__)
 
-TRACE_CHOICES = (*traces.TRACES, "mix")
 
 
 @dataclass(frozen=True)
@@ -164,95 +161,6 @@ def _run_workload(ctx: click.Context, path: Path) -> None:
 # ---------------------------------------------------------------- convert
 
 
-def default_trace_input() -> Path:
-    """The shared traces folder beside the checkout, else the project's small fixtures."""
-    repo = Path(__file__).resolve().parents[2]
-    shared = repo.parent / "shared" / "traces"
-    return shared if shared.is_dir() else repo / "tests" / "fixtures" / "traces"
-
-
-FIXTURE_FILES = {
-    "alibaba-2023": "openb_pod_list_small.csv",
-    "genai-2026": "lora_request_trace_small.csv",
-    "philly": "pollux_philly_jobs_small.csv",
-}
-
-
-def _trace_file(name: str, input_path: Path) -> Path:
-    fixture = input_path / FIXTURE_FILES[name]
-    return fixture if input_path.is_dir() and fixture.is_file() else input_path
-
-
-def generator_options(function: Callable[..., Any]) -> Callable[..., Any]:
-    """The options that turn a trace into a workload (shared by `convert` and `compare`)."""
-    options = [
-        click.option("--trace", "trace", type=click.Choice(TRACE_CHOICES), default=None,
-                     help="Which trace (mix: all three, by mix_weights)."),
-        click.option("--input", "input_path", type=click.Path(path_type=Path, exists=True), default=None,
-                     help="Trace file, or a folder holding it (for mix: the traces folder with the three subfolders); "
-                          "default ../shared/traces, else the project's small fixtures."),
-        click.option("--seed", type=int, default=None, help="Random seed (default 1)."),
-        click.option("--compression", type=float, default=None,
-                     help="Trace seconds per replay second, for arrivals and durations (default 60)."),
-        click.option("--duration-s", type=float, default=None, help="Replay seconds over which jobs arrive (default 150)."),
-        click.option("--minutes", type=float, default=None, help="Same as --duration-s, in minutes."),
-        click.option("--max-jobs", type=int, default=None, help="At most this many jobs (default 150)."),
-        click.option("--capacity-gpus", type=int, default=None, help="GPUs of the cluster the load is sized for (default 24)."),
-        click.option("--load", "load_target", type=float, default=None, help="Whole-GPU demand / capacity over the window (default 2.0)."),
-        click.option("--window-start-s", type=float, default=None, help="Trace seconds after its first arrival where the window starts."),
-        click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Any generator parameter (e.g. infer.loading_s=5)."),
-        click.option("--show-skipped", type=int, default=5, show_default=True, help="Print this many skipped trace rows."),
-    ]
-    for option in reversed(options):
-        function = option(function)
-    return function
-
-
-@dataclass(frozen=True)
-class GeneratorChoice:
-    """What the generator options asked for."""
-
-    trace: str | None
-    input_path: Path | None
-    seed: int | None = None
-    compression: float | None = None
-    duration_s: float | None = None
-    minutes: float | None = None
-    max_jobs: int | None = None
-    capacity_gpus: int | None = None
-    load_target: float | None = None
-    window_start_s: float | None = None
-    overrides: tuple[str, ...] = ()
-    show_skipped: int = 5
-
-
-def workload_from_traces(choice: GeneratorChoice) -> tuple[Workload, generator.GeneratorParams]:
-    """Read the chosen trace(s) (reporting skipped rows) and generate the seeded workload."""
-    if choice.trace is None:
-        raise click.UsageError("give --trace (alibaba-2023, genai-2026, philly or mix)")
-    if choice.duration_s is not None and choice.minutes is not None:
-        raise click.UsageError("give --duration-s or --minutes, not both")
-    params = generator.with_overrides(generator.GeneratorParams(), _pairs(choice.overrides))
-    named: dict[str, Any] = {
-        "seed": choice.seed,
-        "compression": choice.compression,
-        "arrival_window_s": choice.duration_s if choice.minutes is None else choice.minutes * 60,
-        "max_jobs": choice.max_jobs,
-        "capacity_gpus": choice.capacity_gpus,
-        "load_target": choice.load_target,
-        "window_start_s": choice.window_start_s,
-    }
-    params = replace(params, **{k: v for k, v in named.items() if v is not None})
-    input_path = choice.input_path or default_trace_input()
-    names = traces.TRACES if choice.trace == "mix" else (choice.trace,)
-    sources = {}
-    for name in names:
-        read = traces.read_trace(name, _trace_file(name, input_path))
-        _report_skipped(name, read, choice.show_skipped)
-        sources[name] = read.jobs
-    return generator.generate(sources, params), params
-
-
 @replay.command("convert")
 @generator_options
 @click.option("--output", "-o", type=click.Path(path_type=Path, dir_okay=False), required=True, help="Workload CSV to write.")
@@ -262,24 +170,6 @@ def convert(output: Path, **options: Any) -> None:
     write_workload(workload, output)
     click.echo(f"wrote {len(workload.jobs)} jobs to {output} (seed {params.seed}, compression {params.compression:g})")
     click.echo(_table(workload))
-
-
-def _pairs(items: Sequence[str]) -> dict[str, str]:
-    pairs = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--set")
-        pairs[key.strip()] = value.strip()
-    return pairs
-
-
-def _report_skipped(name: str, read: traces.TraceRead, limit: int) -> None:
-    if not read.skipped:
-        return
-    click.echo(f"{name}: skipped {len(read.skipped)} malformed row(s) of {len(read.skipped) + len(read.jobs)}", err=True)
-    for row in read.skipped[:limit]:
-        click.echo(f"  line {row.line}: {row.reason}", err=True)
 
 
 # ---------------------------------------------------------------- show
@@ -310,24 +200,16 @@ def _summary_dict(workload: Workload) -> dict[str, object]:
 
 def _table(workload: Workload) -> str:
     header = ("class", "jobs", "gpus", "gpu_s", "mean_s", "share", "idle_tail", "hung", "overalloc")
-    rows = [header]
-    for c in summarize(workload.jobs):
-        rows.append((
-            c.job_class, str(c.jobs), str(c.gpus_requested), f"{c.gpu_seconds_requested:.0f}",
-            f"{c.mean_duration_s:.0f}", str(c.shareable), str(c.idle_tail), str(c.hung), str(c.over_allocated),
-        ))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths))) for r in rows]
+    rows = [
+        (c.job_class, str(c.jobs), str(c.gpus_requested), f"{c.gpu_seconds_requested:.0f}", f"{c.mean_duration_s:.0f}",
+         str(c.shareable), str(c.idle_tail), str(c.hung), str(c.over_allocated))
+        for c in summarize(workload.jobs)
+    ]
+    lines = [text_table(header, rows, rule=False)]
     last = max(j.submit_offset_s for j in workload.jobs)
     lines.append(f"{len(workload.jobs)} jobs; last submit at {last:.0f} s; all done by >= {span_s(workload.jobs):.0f} s if never queued")
     return "\n".join(lines)
 
 
-def _attach_runner_commands() -> None:
-    from slurm_aigc.cli.replay_run import compare, run_workload_command
-
-    replay.add_command(compare)
-    replay.add_command(run_workload_command)
-
-
-_attach_runner_commands()
+replay.add_command(compare)
+replay.add_command(run_workload_command)

@@ -8,12 +8,13 @@ from typing import Any
 
 import click
 
-from slurm_aigc.cli.replay import GeneratorChoice, generator_options, workload_from_traces
+from slurm_aigc.cli.replay_traces import GeneratorChoice, generator_options, workload_from_traces
 from slurm_aigc.localcluster.manager import LocalCluster
 from slurm_aigc.policy.paths import default_policy
 from slurm_aigc.replay.compare import comparison_json, comparison_rows, metrics_of, plot_utilization, render_table
 from slurm_aigc.replay.runner import MODES, run_modes
-from slurm_aigc.replay.workload import Workload, read_workload, write_workload
+from slurm_aigc.replay.workload import Workload
+from slurm_aigc.replay.workload_files import read_workload, write_workload
 
 COMPARE_SHAPE = "a100:8x6,t4:4x10"
 

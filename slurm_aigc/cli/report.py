@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from slurm_aigc.errors import AigcError, DatabaseError
 from slurm_aigc.report import figures, render
+from slurm_aigc.report.records import DEFAULT_INTERVAL_S
 from slurm_aigc.report.sacct import (
     ReportSlurm,
     SacctQuery,
@@ -21,7 +22,7 @@ from slurm_aigc.report.sacct import (
     filter_classes,
     with_live_comments,
 )
-from slurm_aigc.report.samples import DEFAULT_INTERVAL_S, SampleStore
+from slurm_aigc.report.samples import SampleStore
 from slurm_aigc.report.timespec import parse_when
 
 log = logging.getLogger(__name__)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 
+from slurm_aigc.telemetry.backends import open_backend
 from slurm_aigc.telemetry.loadgen import (
     PROFILES,
     LoadRun,
@@ -22,8 +23,9 @@ from slurm_aigc.telemetry.loadgen import (
     node_name,
     parse_profile_spec,
 )
-from slurm_aigc.telemetry.simgpu import SimGpuBackend, default_simgpu_dir, open_backend
+from slurm_aigc.telemetry.simgpu import SimGpuBackend, default_simgpu_dir
 from slurm_aigc.telemetry.topology import TopologyMatrix, parse_topo_matrix
+from slurm_aigc.textfmt import text_table
 from slurm_aigc.validation import parse_size_gib
 
 # --------------------------------------------------------------------------- topo
@@ -70,12 +72,9 @@ def _topology_text(input_path: str | None, backend: str, node: str | None, simgp
 def render_matrix(matrix: TopologyMatrix) -> str:
     """A human summary: GPUs with affinities, NICs, the link matrix and NVLink islands."""
     names = [f"GPU{g.index}" for g in matrix.gpus] + list(matrix.nics)
-    width = max(6, *(len(n) for n in names)) + 2
-    lines = [("".ljust(width) + "".join(n.ljust(width) for n in names)).rstrip()]
-    for row in names:
-        cells = ["X" if row == col else (link.code if (link := matrix.link(row, col)) else "?") for col in names]
-        lines.append((row.ljust(width) + "".join(c.ljust(width) for c in cells)).rstrip())
-    lines.append("")
+    rows = [[row, *("X" if row == col else (link.code if (link := matrix.link(row, col)) else "?") for col in names)]
+            for row in names]
+    lines = [text_table(["", *names], rows, rule=False), ""]
     for gpu in matrix.gpus:
         lines.append(f"GPU{gpu.index}: cpu_affinity={gpu.cpu_affinity or '-'} numa_affinity={gpu.numa_affinity or '-'}")
     lines.append(f"nvlink_islands: {matrix.nvlink_islands()}")

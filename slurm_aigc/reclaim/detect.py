@@ -27,30 +27,12 @@ import numpy as np
 import numpy.typing as npt
 
 from slurm_aigc.reclaim.config import ClassPolicy
+from slurm_aigc.series import GpuSeries as GpuSeries  # the one per-GPU series; re-exported
+from slurm_aigc.series import Sample as Sample
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
-
-
-@dataclass(frozen=True, slots=True)
-class Sample:
-    """One reading of one GPU held by a job (a `job_gpu_samples` row); None = not read."""
-
-    ts: float
-    sm_util_pct: float | None
-    memory_used_mib: float | None
-    power_draw_w: float | None = None
-    power_limit_w: float | None = None
-
-
-@dataclass(frozen=True)
-class GpuSeries:
-    """The samples of one GPU (node, index) of a job, oldest first."""
-
-    node: str
-    gpu_index: int
-    samples: tuple[Sample, ...]
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from typing import Any
 
 from slurm_aigc.replay.metrics import RunMetrics, compute, utilization_timeline
 from slurm_aigc.replay.runner import RunRecord
+from slurm_aigc.textfmt import text_table
 
 
 def metrics_of(record: RunRecord) -> RunMetrics:
@@ -54,11 +55,7 @@ def comparison_rows(stock: RunMetrics, aigc: RunMetrics) -> list[tuple[str, str,
 
 
 def render_table(rows: Sequence[tuple[str, str, str, str]]) -> str:
-    header = ("figure", "stock Slurm", "slurm-aigc", "ratio")
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in [header, *rows]]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return text_table(("figure", "stock Slurm", "slurm-aigc", "ratio"), rows)
 
 
 def comparison_json(stock: RunMetrics, aigc: RunMetrics, extra: dict[str, Any]) -> dict[str, Any]:

@@ -13,17 +13,17 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from slurm_aigc.profiles import Phase
+from slurm_aigc.profiles import total_seconds as profile_seconds
 from slurm_aigc.replay.workload import (
     CLASSES,
-    Phase,
     Workload,
     WorkloadJob,
     format_tags,
     parse_tags,
-    profile_seconds,
 )
+from slurm_aigc.report.records import SampleSlice
 from slurm_aigc.report.sacct import JobRecord
-from slurm_aigc.report.samples import SampleSlice
 from slurm_aigc.validation import parse_size_gib
 
 MIB_PER_GIB = 1024.0

@@ -29,13 +29,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from slurm_aigc.errors import AigcError
+from slurm_aigc.profiles import Phase, total_seconds
 from slurm_aigc.replay.traces import TraceJob
 from slurm_aigc.replay.workload import (
-    Phase,
     Workload,
     WorkloadJob,
     format_tags,
-    profile_seconds,
 )
 
 USAGE_KINDS = ("busy", "bursty", "idle_tail", "over_allocated", "hung")
@@ -390,7 +389,7 @@ def _job(source: str, offset_s: float, draft: Draft, rng: random.Random, params:
         job_class=cls,
         gpus=gpus,
         vram_gib_per_gpu=vram,
-        duration_s=profile_seconds(profile),
+        duration_s=total_seconds(profile),
         time_limit_s=time_limit,
         profile=profile,
         requeue_profile=requeue_profile,
@@ -434,7 +433,7 @@ def _profile(
         work = _secs(max(duration - loading - tail, params.min_work_s))
         profile = (*load, *_work(work, bursty, params), Phase("idle", tail))
         # The work was done before the tail: a requeued run has nothing left to do.
-        return profile, (), _limit(profile_seconds(profile), params)
+        return profile, (), _limit(total_seconds(profile), params)
     work = _secs(max(duration - loading, params.min_work_s))
     if kind == "hung":
         before = _secs(max(work * params.hung_busy_fraction, 1.0))

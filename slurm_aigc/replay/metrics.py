@@ -24,6 +24,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from slurm_aigc.stats import mean, percentile
+
 FAILED_STATES = frozenset({"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"})
 END_STATES = FAILED_STATES | {"COMPLETED"}
 
@@ -234,15 +236,3 @@ def is_harmed(outcome: JobOutcome) -> bool:
     state = outcome.state.split()[0] if outcome.state else ""
     return is_lost(outcome) or (outcome.requeues > 0 and state in FAILED_STATES)
 
-
-def mean(values: Sequence[float]) -> float | None:
-    return sum(values) / len(values) if values else None
-
-
-def percentile(values: Sequence[float], pct: float) -> float | None:
-    """Nearest-rank percentile (the value at rank ceil(pct/100 x n)); None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(1, math.ceil(pct / 100 * len(ordered)))
-    return ordered[rank - 1]

@@ -29,9 +29,10 @@ from slurm_aigc.errors import AigcError, SlurmCommandError
 from slurm_aigc.localcluster.config import NOOP_HOOK_LUA, TEST_USERS
 from slurm_aigc.localcluster.manager import LocalCluster
 from slurm_aigc.policy.install import install_hook
+from slurm_aigc.profiles import Phase, format_phases, total_seconds
 from slurm_aigc.replay.metrics import END_STATES, JobOutcome, UsageSample
 from slurm_aigc.replay.timescale import replay_policy
-from slurm_aigc.replay.workload import Phase, Workload, WorkloadJob, format_profile, profile_seconds
+from slurm_aigc.replay.workload import Workload, WorkloadJob
 from slurm_aigc.report.sacct import JobRecord, SacctQuery, SacctReader, SkippedRow
 from slurm_aigc.report.tres import gpu_equivalents
 from slurm_aigc.slurm import SlurmCli
@@ -115,8 +116,8 @@ def job_script(job: WorkloadJob, slurm_aigc_cmd: Sequence[str] = (SLURM_AIGC_BIN
 
 
 def _gpu_load(slurm_aigc_cmd: Sequence[str], job: WorkloadJob, phases: Sequence[Phase], only_used: bool) -> str:
-    argv = [*slurm_aigc_cmd, "gpu-load", "--seconds", f"{profile_seconds(phases):g}", "--util", f"{job.util_pct or 85:g}",
-            "--mem", f"{max(job.mem_used_gib_per_gpu, 0.1):g}G", "--profile-spec", format_profile(phases),
+    argv = [*slurm_aigc_cmd, "gpu-load", "--seconds", f"{total_seconds(phases):g}", "--util", f"{job.util_pct or 85:g}",
+            "--mem", f"{max(job.mem_used_gib_per_gpu, 0.1):g}G", "--profile-spec", format_phases(phases),
             "--work-conserving"]
     return shlex.join(argv) + (' --gpus "$GPUS"' if only_used else "")
 

@@ -3,7 +3,8 @@
 Format (documented in docs/replay.md): optional leading `#` comment lines (`# key: value`
 metadata such as the generator's seed and compression factor), then a header row with
 exactly the columns of `COLUMNS`, then one job a row. Reading is strict: every problem is a
-`WorkloadError` naming the file, the line and the column.
+`WorkloadError` naming the file, the line and the column. Pure: text in, text out; the file
+itself is read and written by `slurm_aigc.replay.workload_files`.
 """
 
 from __future__ import annotations
@@ -14,16 +15,16 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from slurm_aigc.errors import AigcError
+from slurm_aigc.profiles import Phase, ProfileError, format_phases, parse_phases, total_seconds
+from slurm_aigc.textfmt import short_number as _number
 from slurm_aigc.validation import parse_size_gib
 
 FORMAT_VERSION = "1"
 _VERSION_KEY = "slurm-aigc workload"
 
 CLASSES = ("train", "finetune", "infer", "imagegen", "videogen", "audio", "batch", "interactive", "unknown")
-PHASES = ("loading", "busy", "idle", "hung")  # `slurm-aigc gpu-load --profile-spec` phase kinds
 
 COLUMNS = (
     "name",
@@ -72,14 +73,6 @@ class WorkloadError(AigcError):
 
 
 @dataclass(frozen=True)
-class Phase:
-    """One stretch of a job's GPU-usage profile, as `slurm-aigc gpu-load --profile` plays it."""
-
-    kind: str
-    seconds: float
-
-
-@dataclass(frozen=True)
 class WorkloadJob:
     """One job of a workload; column meanings are in docs/replay.md."""
 
@@ -114,39 +107,6 @@ class Workload:
 
     jobs: tuple[WorkloadJob, ...]
     meta: Mapping[str, str] = field(default_factory=dict)
-
-
-# ---------------------------------------------------------------- profiles
-
-
-def parse_profile(spec: str) -> tuple[Phase, ...]:
-    """'loading:30,busy:300,idle:120' -> phases; raises ValueError naming the bad part."""
-    text = spec.strip()
-    if not text:
-        return ()
-    phases = []
-    for part in text.split(","):
-        kind, sep, seconds_text = part.strip().partition(":")
-        if kind == "repeat":
-            raise ValueError("'repeat' is not allowed: a workload job's profile must have an end")
-        if not sep:
-            raise ValueError(f"profile part {part.strip()!r} is not phase:seconds")
-        if kind not in PHASES:
-            raise ValueError(f"profile phase {kind!r} unknown; use one of {', '.join(PHASES)}")
-        seconds = _finite_float(seconds_text)
-        if seconds is None or seconds <= 0:
-            raise ValueError(f"profile part {part.strip()!r}: seconds must be a number > 0")
-        phases.append(Phase(kind, seconds))
-    return tuple(phases)
-
-
-def format_profile(phases: Sequence[Phase]) -> str:
-    """Phases -> 'loading:30,busy:300' (seconds printed without a trailing .0)."""
-    return ",".join(f"{p.kind}:{_number(p.seconds)}" for p in phases)
-
-
-def profile_seconds(phases: Sequence[Phase]) -> float:
-    return sum(p.seconds for p in phases)
 
 
 # ---------------------------------------------------------------- tags
@@ -185,17 +145,11 @@ def format_tags(pairs: Mapping[str, str]) -> str:
 # ---------------------------------------------------------------- reading
 
 
-def read_workload(path: Path) -> Workload:
-    """Read and validate a workload CSV; raises WorkloadError naming line and column."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise WorkloadError(str(path), None, None, f"cannot read: {error}") from error
-    return parse_workload(text, str(path))
-
-
 def parse_workload(text: str, source: str = "<workload>") -> Workload:
-    """Parse workload CSV text (see `read_workload`)."""
+    """Parse and validate workload CSV text; raises WorkloadError naming `source`, line and column.
+
+    Files are read by `slurm_aigc.replay.workload_files.read_workload` (this module does no I/O).
+    """
     lines = text.splitlines(keepends=True)
     meta, first = _read_meta(lines)
     version = meta.pop(_VERSION_KEY, FORMAT_VERSION)
@@ -293,8 +247,8 @@ class _Row:
 
     def phases(self, column: str) -> tuple[Phase, ...]:
         try:
-            return parse_profile(self.values[column])
-        except ValueError as error:
+            return parse_phases(self.values[column], allow_repeat=False)[0]
+        except ProfileError as error:
             raise self.error(column, str(error)) from error
 
 
@@ -333,8 +287,8 @@ def _check_job(job: WorkloadJob, row: _Row) -> None:
     """Cross-column rules: each names the column that breaks it."""
     if not job.profile:
         raise row.error("profile", "empty profile; a job needs at least one phase")
-    if abs(profile_seconds(job.profile) - job.duration_s) > _DURATION_TOLERANCE_S:
-        raise row.error("duration_s", f"{_number(job.duration_s)} differs from the profile's {_number(profile_seconds(job.profile))} s")
+    if abs(total_seconds(job.profile) - job.duration_s) > _DURATION_TOLERANCE_S:
+        raise row.error("duration_s", f"{_number(job.duration_s)} differs from the profile's {_number(total_seconds(job.profile))} s")
     if job.time_limit_s % 60:
         raise row.error("time_limit_s", f"Slurm time limits are whole minutes; {job.time_limit_s} is not a multiple of 60")
     hangs = any(p.kind == "hung" for p in job.profile)
@@ -389,13 +343,6 @@ def format_workload(workload: Workload) -> str:
     return out.getvalue()
 
 
-def write_workload(workload: Workload, path: Path) -> None:
-    """Write a workload file (validated by parsing it back first, so a bad one is never written)."""
-    text = format_workload(workload)
-    parse_workload(text, str(path))
-    path.write_text(text, encoding="utf-8")
-
-
 def _cells(job: WorkloadJob) -> list[str]:
     return [
         job.name,
@@ -405,8 +352,8 @@ def _cells(job: WorkloadJob) -> list[str]:
         _number(job.vram_gib_per_gpu),
         _number(job.duration_s),
         str(job.time_limit_s),
-        format_profile(job.profile),
-        format_profile(job.requeue_profile),
+        format_phases(job.profile),
+        format_phases(job.requeue_profile),
         str(job.gpus_used),
         _number(job.mem_used_gib_per_gpu),
         _number(job.util_pct),
@@ -475,10 +422,3 @@ def _finite_float(text: str) -> float | None:
         return None
     return value if math.isfinite(value) else None
 
-
-def _number(value: float) -> str:
-    """Shortest exact-enough text: 30 not 30.0, 12.5 as is, at most 3 decimals."""
-    rounded = round(value, 3)
-    if rounded == int(rounded):
-        return str(int(rounded))
-    return f"{rounded:.3f}".rstrip("0").rstrip(".")

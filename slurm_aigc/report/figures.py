@@ -12,13 +12,15 @@ import math
 import sys
 from array import array
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta, tzinfo
 
+from slurm_aigc.report.records import ActionEvent, SampleSlice
 from slurm_aigc.report.sacct import JobRecord, SkippedRow
-from slurm_aigc.report.samples import ActionEvent, SampleSlice
 from slurm_aigc.report.tres import gpu_equivalents, gpu_type_of
+from slurm_aigc.series import GpuSeries, Sample
+from slurm_aigc.stats import percentile
 
 GROUP_KEYS = ("user", "account", "partition", "class", "gpu_type", "day")
 DEFAULT_SHARDS_PER_GPU: Mapping[str, int] = {"a100": 80, "t4": 16}
@@ -100,15 +102,6 @@ class _Acc:
     aigc_requeued: set[str] = field(default_factory=set)
     aigc_shrunk: set[str] = field(default_factory=set)
     recovered_gpu_h: float = 0.0
-
-
-def percentile(values: Sequence[float], pct: float) -> float | None:
-    """Nearest-rank percentile (p95 of 20 values is the 19th smallest); None when empty."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(1, math.ceil(pct / 100.0 * len(ordered)))
-    return ordered[rank - 1]
 
 
 def day_of(ts: float, tz: tzinfo | None) -> str:
@@ -359,12 +352,10 @@ def build_report(params: ReportParams, rows: Iterable[JobRecord | SkippedRow],
 
 
 @dataclass(frozen=True)
-class GpuSeries:
-    """One GPU of a job over time: (ts, sm_util_pct, memory_used_mib) per sample."""
+class GpuUse:
+    """One GPU of a job over time (the shared `GpuSeries`) and what its samples add up to."""
 
-    node: str
-    gpu_index: int
-    points: tuple[tuple[float, float | None, float | None], ...]
+    series: GpuSeries
     memory_total_mib: float | None
     used_gpu_hours: float
     sampled_hours: float
@@ -372,11 +363,6 @@ class GpuSeries:
     @property
     def mean_util_pct(self) -> float | None:
         return None if self.sampled_hours <= 0 else 100.0 * self.used_gpu_hours / self.sampled_hours
-
-    @property
-    def peak_memory_mib(self) -> float | None:
-        values = [mem for _, _, mem in self.points if mem is not None]
-        return max(values) if values else None
 
 
 @dataclass(frozen=True)
@@ -388,7 +374,7 @@ class JobView:
     gpu_hours_allocated: float
     gpus: float
     gpu_type: str
-    series: tuple[GpuSeries, ...]
+    series: tuple[GpuUse, ...]
     gpu_hours_used: float | None
     efficiency: float | None
     actions: tuple[ActionEvent, ...]
@@ -430,7 +416,7 @@ def _split_rows(rows: Iterable[JobRecord | SkippedRow]) -> tuple[list[JobRecord]
     return records, skipped
 
 
-def _series(slices: Iterable[SampleSlice]) -> tuple[GpuSeries, ...]:
+def _series(slices: Iterable[SampleSlice]) -> tuple[GpuUse, ...]:
     grouped: dict[tuple[str, int], list[SampleSlice]] = defaultdict(list)
     for piece in slices:
         grouped[(piece.node, piece.gpu_index)].append(piece)
@@ -438,9 +424,9 @@ def _series(slices: Iterable[SampleSlice]) -> tuple[GpuSeries, ...]:
     for (node, index), pieces in sorted(grouped.items()):
         known = [p for p in pieces if p.used_gpu_s is not None]
         totals = [p.memory_total_mib for p in pieces if p.memory_total_mib is not None]
-        result.append(GpuSeries(
-            node=node, gpu_index=index,
-            points=tuple((p.ts, p.sm_util_pct, p.memory_used_mib) for p in pieces),
+        samples = tuple(Sample(p.ts, p.sm_util_pct, p.memory_used_mib) for p in pieces)
+        result.append(GpuUse(
+            series=GpuSeries(node, index, samples),
             memory_total_mib=max(totals) if totals else None,
             used_gpu_hours=sum(p.used_gpu_s or 0.0 for p in known) / 3600.0,
             sampled_hours=sum(p.duration_s for p in known) / 3600.0,

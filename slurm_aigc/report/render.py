@@ -15,9 +15,10 @@ from dataclasses import asdict, fields
 from datetime import datetime, tzinfo
 from typing import Any
 
-from slurm_aigc.report.figures import GroupFigures, JobView, Report
+from slurm_aigc.report.figures import GpuUse, GroupFigures, JobView, Report
+from slurm_aigc.report.records import ActionEvent
 from slurm_aigc.report.sacct import JobRecord, SkippedRow
-from slurm_aigc.report.samples import ActionEvent
+from slurm_aigc.textfmt import text_table
 
 FORMATS = ("table", "csv", "json", "html")
 _SPARK = "▁▂▃▄▅▆▇█"
@@ -87,23 +88,6 @@ def _rows(report: Report) -> tuple[list[str], list[list[str]]]:
     if report.params.group_by:
         body.append(["TOTAL"] + [""] * (len(keys) - 1) + [_cell(kind, getattr(report.total, attr)) for _, attr, kind in _COLUMNS])
     return header, body
-
-
-def text_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
-    """Left-aligned first columns, right-aligned numbers, one space-padded line per row."""
-    widths = [max(len(str(row[i])) for row in [header, *body]) for i in range(len(header))]
-    lines = []
-    for row in [header, *body]:
-        cells = (str(c).rjust(w) if i and _numeric(str(c)) else str(c).ljust(w)
-                 for i, (c, w) in enumerate(zip(row, widths, strict=True)))
-        lines.append("  ".join(cells).rstrip())
-        if row is header:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def _numeric(text: str) -> bool:
-    return bool(text) and (text[0].isdigit() or text in ("-",))
 
 
 def _title(report: Report) -> str:
@@ -348,11 +332,12 @@ def render_job_text(view: JobView, tz: tzinfo | None = None) -> str:
     lines = _job_head(view) + ["", text_table(_SEGMENT_HEADER, _segment_rows(view, tz)), ""]
     if not view.series:
         lines.append("GPU samples: none recorded for this job (utilization unknown)")
-    for s in view.series:
-        total = s.memory_total_mib or max((m for _, _, m in s.points if m is not None), default=1.0)
-        util = [u for _, u, _ in s.points]
-        mem = [m for _, _, m in s.points]
-        mean = "-" if s.mean_util_pct is None else f"{s.mean_util_pct:.0f}%"
+    for use in view.series:
+        s = use.series
+        total = use.memory_total_mib or s.peak_memory_mib or 1.0
+        util = [p.sm_util_pct for p in s.samples]
+        mem = [p.memory_used_mib for p in s.samples]
+        mean = "-" if use.mean_util_pct is None else f"{use.mean_util_pct:.0f}%"
         peak = "-" if s.peak_memory_mib is None else f"{s.peak_memory_mib:.0f}/{total:.0f} MiB"
         lines.append(f"{s.node} GPU{s.gpu_index}: util mean {mean}  {sparkline(util, 0, 100)}")
         lines.append(f"{' ' * len(s.node)}       mem peak {peak}  {sparkline(mem, 0, total)}")
@@ -370,11 +355,11 @@ def job_plot(view: JobView, tz: tzinfo | None = None) -> bytes:
 
     fig, (top, bottom) = pyplot.subplots(2, 1, figsize=(8.0, 5.0), dpi=100, sharex=True)
     try:
-        for s in view.series:
-            times = [datetime.fromtimestamp(t, tz) for t, _, _ in s.points]
+        for s in (use.series for use in view.series):
+            times = [datetime.fromtimestamp(p.ts, tz) for p in s.samples]
             label = f"{s.node}/{s.gpu_index}"
-            top.plot(times, [u if u is not None else float("nan") for _, u, _ in s.points], label=label)
-            bottom.plot(times, [m if m is not None else float("nan") for _, _, m in s.points], label=label)
+            top.plot(times, [_nan(p.sm_util_pct) for p in s.samples], label=label)
+            bottom.plot(times, [_nan(p.memory_used_mib) for p in s.samples], label=label)
         top.set_ylabel("SM util %")
         top.set_ylim(0, 105)
         bottom.set_ylabel("memory used MiB")
@@ -387,6 +372,10 @@ def job_plot(view: JobView, tz: tzinfo | None = None) -> bytes:
         return _png_bytes(fig)
     finally:
         pyplot.close(fig)
+
+
+def _nan(value: float | None) -> float:
+    return float("nan") if value is None else value
 
 
 def render_job_html(view: JobView, tz: tzinfo | None = None) -> str:
@@ -408,12 +397,17 @@ def job_dict(view: JobView, tz: tzinfo | None = None) -> dict[str, Any]:
                       "partition": r.partition, "class": r.aigc_class, "alloc_tres": r.alloc_tres,
                       "node_list": r.node_list, "submit_ts": r.submit_ts, "start_ts": r.start_ts,
                       "end_ts": r.end_ts, "queue_wait_s": r.queue_wait_s} for r in view.segments],
-        "gpus_series": [{"node": s.node, "gpu_index": s.gpu_index, "mean_util_pct": s.mean_util_pct,
-                         "peak_memory_mib": s.peak_memory_mib, "memory_total_mib": s.memory_total_mib,
-                         "points": [list(p) for p in s.points]} for s in view.series],
+        "gpus_series": [_series_dict(use) for use in view.series],
         "actions": [asdict(a) for a in view.actions],
         "skipped": [_skipped_dict(s) for s in view.skipped],
     }
+
+
+def _series_dict(use: GpuUse) -> dict[str, Any]:
+    s = use.series
+    return {"node": s.node, "gpu_index": s.gpu_index, "mean_util_pct": use.mean_util_pct,
+            "peak_memory_mib": s.peak_memory_mib, "memory_total_mib": use.memory_total_mib,
+            "points": [[p.ts, p.sm_util_pct, p.memory_used_mib] for p in s.samples]}
 
 
 def render_job(view: JobView, fmt: str, tz: tzinfo | None = None) -> str:
@@ -425,8 +419,9 @@ def render_job(view: JobView, fmt: str, tz: tzinfo | None = None) -> str:
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow(["node", "gpu_index", "ts", "sm_util_pct", "memory_used_mib"])
-        for s in view.series:
-            for ts, util, mem in s.points:
-                writer.writerow([s.node, s.gpu_index, f"{ts:.3f}", "" if util is None else util, "" if mem is None else mem])
+        for s in (use.series for use in view.series):
+            for p in s.samples:
+                util, mem = p.sm_util_pct, p.memory_used_mib
+                writer.writerow([s.node, s.gpu_index, f"{p.ts:.3f}", "" if util is None else util, "" if mem is None else mem])
         return out.getvalue()
     return render_job_text(view, tz)

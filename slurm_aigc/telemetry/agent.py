@@ -246,7 +246,7 @@ def build_agent(options: AgentOptions, config: AgentConfig, metrics: DaemonMetri
     from slurm_aigc.db import open_database
     from slurm_aigc.telemetry.attribution import Attributor, JobAllocations, job_gpu_usage
     from slurm_aigc.telemetry.procfs import JobRecordDir, ProcFs
-    from slurm_aigc.telemetry.simgpu import open_backend
+    from slurm_aigc.telemetry.backends import open_backend
     from slurm_aigc.telemetry.topology import parse_topo_matrix
 
     node = options.node or short_hostname()

@@ -5,8 +5,9 @@ puts on the GPUs Slurm gave its job, rewrites it when its profile changes phase,
 removes it at exit. `SimGpuBackend` then reports that load, with this process's real pid,
 exactly where NVML would.
 
-A profile is a list of phases, each `(kind, seconds)`; the last phase lasts until the
-run ends, unless the profile repeats. `phase_at` is the pure core and is unit-tested.
+A profile is a list of phases, each `(kind, seconds)` in the one grammar of
+`slurm_aigc.profiles`; the last phase lasts until the run ends, unless the profile repeats.
+`phase_at` is the pure core and is unit-tested.
 
 With `work_conserving`, busy phases measure work, not wall time: when the processes on a
 GPU ask for more than 100 % SM in all, each gets its share and its busy phase lasts longer
@@ -17,6 +18,7 @@ job would finish its work on time at any contention, and the excess would simply
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import socket
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from slurm_aigc.errors import AigcError
+from slurm_aigc.profiles import Phase, ProfileError, parse_phases
 from slurm_aigc.telemetry.simgpu import (
     GpuLoad,
     ProcLoad,
@@ -41,12 +43,6 @@ LOG = logging.getLogger(__name__)
 MIB_PER_GIB = 1024.0
 
 
-class ProfileError(AigcError):
-    """A profile name, `--profile-spec` string or GPU list is not understood."""
-
-    exit_code = 2
-
-
 @dataclass(frozen=True)
 class PhaseLevel:
     """What a phase kind does: SM util (None: the `--util` value), memory share, power factor."""
@@ -58,20 +54,13 @@ class PhaseLevel:
 
 # Why these numbers: "loading" reads weights (memory full, little compute, cool);
 # "hung" is a spinning kernel or NCCL wait: 100 % util at near-idle power.
-PHASE_KINDS: Mapping[str, PhaseLevel] = {
+PHASE_LEVELS: Mapping[str, PhaseLevel] = {
     "loading": PhaseLevel(3.0, 1.0, 0.3),
     "busy": PhaseLevel(None, 1.0, 1.0),
     "idle": PhaseLevel(0.0, 1.0, 1.0),
     "hung": PhaseLevel(100.0, 1.0, 0.15),
 }
-
-
-@dataclass(frozen=True)
-class Phase:
-    """One step of a profile: a kind and how long it lasts (None: until the end)."""
-
-    kind: str
-    seconds: float | None
+FOREVER = math.inf  # a built-in phase that lasts until the run ends
 
 
 @dataclass(frozen=True)
@@ -85,42 +74,27 @@ class Profile:
 
 
 PROFILES: Mapping[str, Profile] = {
-    "loading": Profile("loading", (Phase("loading", None),)),
-    "busy": Profile("busy", (Phase("busy", None),)),
-    "idle": Profile("idle", (Phase("idle", None),)),
+    "loading": Profile("loading", (Phase("loading", FOREVER),)),
+    "busy": Profile("busy", (Phase("busy", FOREVER),)),
+    "idle": Profile("idle", (Phase("idle", FOREVER),)),
     "bursty": Profile("bursty", (Phase("busy", 20.0), Phase("idle", 40.0)), repeat=True),
-    "hung": Profile("hung", (Phase("hung", None),)),
-    "idle-tail": Profile("idle-tail", (Phase("loading", 20.0), Phase("busy", 60.0), Phase("idle", None))),
-    "over-allocated": Profile("over-allocated", (Phase("busy", None),), first_gpu_only=True),
+    "hung": Profile("hung", (Phase("hung", FOREVER),)),
+    "idle-tail": Profile("idle-tail", (Phase("loading", 20.0), Phase("busy", 60.0), Phase("idle", FOREVER))),
+    "over-allocated": Profile("over-allocated", (Phase("busy", FOREVER),), first_gpu_only=True),
 }
 
 
 def parse_profile_spec(spec: str) -> Profile:
     """`"loading:30,busy:120,idle:60"` -> Profile; a final `repeat` item cycles the phases."""
-    items = [item.strip() for item in spec.split(",") if item.strip()]
-    repeat = bool(items) and items[-1] == "repeat"
-    if repeat:
-        items = items[:-1]
-    if not items:
+    phases, repeat = parse_phases(spec)
+    if not phases:
         raise ProfileError(f"empty profile spec {spec!r}")
-    phases = []
-    for item in items:
-        kind, _, seconds = item.partition(":")
-        if kind not in PHASE_KINDS:
-            raise ProfileError(f"unknown phase {kind!r} in {spec!r} (use {', '.join(PHASE_KINDS)})")
-        try:
-            duration = float(seconds)
-        except ValueError:
-            raise ProfileError(f"phase {item!r} in {spec!r} needs seconds, e.g. {kind}:60") from None
-        if duration <= 0:
-            raise ProfileError(f"phase {item!r} in {spec!r} must last more than 0 s")
-        phases.append(Phase(kind, duration))
-    return Profile(spec, tuple(phases), repeat=repeat)
+    return Profile(spec, phases, repeat=repeat)
 
 
 def _phase_index(profile: Profile, t_seconds: float) -> tuple[int, float]:
     """(index of the phase running at t, t at which it ends or inf)."""
-    total = sum(p.seconds or 0.0 for p in profile.phases)
+    total = sum(p.seconds for p in profile.phases)
     if profile.repeat and total > 0:
         cycle_start = (t_seconds // total) * total
         local = t_seconds - cycle_start
@@ -129,7 +103,7 @@ def _phase_index(profile: Profile, t_seconds: float) -> tuple[int, float]:
     start = 0.0
     for index, phase in enumerate(profile.phases):
         is_last = index == len(profile.phases) - 1
-        if phase.seconds is None or (is_last and not profile.repeat):
+        if math.isinf(phase.seconds) or (is_last and not profile.repeat):
             return index, float("inf")
         if local < start + phase.seconds:
             return index, cycle_start + start + phase.seconds
@@ -140,7 +114,7 @@ def _phase_index(profile: Profile, t_seconds: float) -> tuple[int, float]:
 def phase_at(profile: Profile, t_seconds: float, util_pct: float = 85.0, mem_gib: float = 10.0) -> tuple[float, float, float]:
     """(SM util %, memory GiB per GPU, power factor) of `profile` at `t_seconds` after start."""
     index, _ = _phase_index(profile, max(0.0, t_seconds))
-    level = PHASE_KINDS[profile.phases[index].kind]
+    level = PHASE_LEVELS[profile.phases[index].kind]
     util = util_pct if level.util_pct is None else level.util_pct
     return util, mem_gib * level.mem_share, level.power_factor
 

@@ -26,6 +26,7 @@ from slurm_aigc.telemetry.records import (
     GpuReading,
     NodeReading,
     NvLinkState,
+    utc_now,
 )
 
 LOG = logging.getLogger(__name__)
@@ -58,12 +59,6 @@ def _import_pynvml() -> Any:
     return pynvml
 
 
-def _utc_now() -> datetime:
-    from slurm_aigc.telemetry.simgpu import utc_now
-
-    return utc_now()
-
-
 class NvmlBackend:
     """`GpuBackend` over NVML (what `nvidia-smi --query-gpu=...` reads)."""
 
@@ -71,7 +66,7 @@ class NvmlBackend:
         self,
         node: str,
         nvml: Any = None,
-        clock: Callable[[], datetime] = _utc_now,
+        clock: Callable[[], datetime] = utc_now,
         smi: TextRunner = run_nvidia_smi,
     ) -> None:
         self.node = node

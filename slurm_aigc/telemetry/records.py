@@ -7,8 +7,13 @@ lack permission); it never means zero.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Protocol
+
+
+def utc_now() -> datetime:
+    """The default clock of both backends (timezone-aware UTC)."""
+    return datetime.now(UTC)
 
 
 @dataclass(frozen=True)

@@ -24,17 +24,18 @@ import os
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from slurm_aigc.errors import AigcError
+from slurm_aigc.fsio import atomic_write_text
 from slurm_aigc.telemetry.records import (
-    GpuBackend,
     GpuProcess,
     GpuReading,
     NodeReading,
     NvLinkState,
+    utc_now,
 )
 
 LOG = logging.getLogger(__name__)
@@ -52,11 +53,6 @@ class SimGpuError(AigcError):
 def default_simgpu_dir() -> Path:
     """`$SLURM_AIGC_SIMGPU_DIR` or `/var/lib/slurm-aigc/simgpu`."""
     return Path(os.environ.get("SLURM_AIGC_SIMGPU_DIR", str(DEFAULT_SIMGPU_DIR)))
-
-
-def utc_now() -> datetime:
-    """The default clock of the backends."""
-    return datetime.now(UTC)
 
 
 # --------------------------------------------------------------------------- inventory
@@ -140,11 +136,8 @@ def _gpu_json(gpu: SimGpu) -> dict[str, Any]:
 
 
 def atomic_write_json(path: Path, document: Mapping[str, Any], mode: int = 0o644) -> None:
-    """Write JSON to a temp file in the same folder, then rename over `path`."""
-    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temp.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    os.chmod(temp, mode)
-    os.replace(temp, path)
+    """Write JSON atomically (a reader never sees half a file)."""
+    atomic_write_text(path, json.dumps(document, indent=1, sort_keys=True) + "\n", mode=mode)
 
 
 def read_inventory(simgpu_dir: Path, node: str) -> tuple[str, list[SimGpu], str | None]:
@@ -381,22 +374,3 @@ Legend:
   NV#  = Connection traversing a bonded set of # NVLinks
 """
 
-
-# --------------------------------------------------------------------------- selection
-
-
-def open_backend(kind: Literal["nvml", "sim"], node: str, simgpu_dir: Path | None = None) -> GpuBackend:
-    """The backend named by the agent config: real NVML, or simulated GPUs for `node`.
-
-    NVML is started here, so a missing library or driver is NvmlUnavailableError at
-    start-up rather than at the first poll.
-    """
-    if kind == "sim":
-        return SimGpuBackend(node, simgpu_dir)
-    if kind == "nvml":
-        from slurm_aigc.telemetry.nvml import NvmlBackend
-
-        backend = NvmlBackend(node)
-        backend.start()
-        return backend
-    raise ValueError(f"unknown GPU backend {kind!r} (use nvml or sim)")

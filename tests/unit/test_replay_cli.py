@@ -19,8 +19,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from slurm_aigc.cli.replay import ReplayEnv, replay
 from slurm_aigc.db import JobGpuSample, open_database, transaction
 from slurm_aigc.replay.traces import DEFAULT_FILES
-from slurm_aigc.replay.workload import read_workload
-from slurm_aigc.report.sacct import DELIMITER, FIELDS
+from slurm_aigc.replay.workload_files import read_workload
+from tests.unit.sacct_json import DELIMITER, FIELDS, text_to_json
 from slurm_aigc.slurm import CommandResult
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "traces"
@@ -114,7 +114,7 @@ class FakeSacct:
     """Answers `sacct` with recorded output and remembers the arguments."""
 
     def __init__(self, lines: Sequence[str]) -> None:
-        self.text = "\n".join([DELIMITER.join(FIELDS), *lines]) + "\n"
+        self.text = text_to_json("\n".join([DELIMITER.join(FIELDS), *lines]) + "\n")
         self.calls: list[list[str]] = []
 
     def run(self, tool: str, args: Sequence[str]) -> CommandResult:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from slurm_aigc.profiles import total_seconds as profile_seconds
 from slurm_aigc.replay.from_sacct import FromSacctParams, workload_from_sacct
-from slurm_aigc.replay.workload import format_workload, parse_workload, profile_seconds
-from slurm_aigc.report.sacct import DELIMITER, FIELDS, JobRecord, parse_sacct_output
-from slurm_aigc.report.samples import SampleSlice
+from slurm_aigc.replay.workload import format_workload, parse_workload
+from slurm_aigc.report.records import SampleSlice
+from slurm_aigc.report.sacct import JobRecord, parse_sacct_output
+from tests.unit.sacct_json import DELIMITER, FIELDS, text_to_json
 
 
 def ts(text: str) -> float:
@@ -27,7 +29,7 @@ def sacct_line(job_id: str, state: str, submit: str, start: str, end: str, tres:
 
 def records(*lines: str) -> list[JobRecord]:
     text = "\n".join([DELIMITER.join(FIELDS), *lines]) + "\n"
-    rows = list(parse_sacct_output(text, tz=UTC))
+    rows = list(parse_sacct_output(text_to_json(text), tz=UTC))
     assert all(isinstance(r, JobRecord) for r in rows)
     return rows  # type: ignore[return-value]
 

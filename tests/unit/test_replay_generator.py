@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from slurm_aigc.profiles import format_phases
+from slurm_aigc.profiles import total_seconds as profile_seconds
 from slurm_aigc.replay.generator import (
     GeneratorError,
     GeneratorParams,
@@ -29,7 +31,6 @@ from slurm_aigc.replay.workload import (
     Workload,
     format_workload,
     parse_workload,
-    profile_seconds,
     span_s,
 )
 
@@ -249,9 +250,7 @@ def test_default_mix_from_the_shared_traces_suits_the_local_cluster() -> None:
 @pytest.mark.shared
 def test_generated_profiles_play_in_gpu_load() -> None:
     loadgen = pytest.importorskip("slurm_aigc.telemetry.loadgen")
-    from slurm_aigc.replay.workload import format_profile
-
     for job in generate(shared_sources(), GeneratorParams(seed=2)).jobs:
         for profile in (job.profile, job.requeue_profile):
             if profile:
-                loadgen.parse_profile_spec(format_profile(profile))
+                loadgen.parse_profile_spec(format_phases(profile))

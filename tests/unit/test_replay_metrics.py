@@ -10,7 +10,6 @@ from slurm_aigc.replay.metrics import (
     compute,
     is_harmed,
     is_lost,
-    percentile,
     used_gpu_s,
     utilization_timeline,
     window,
@@ -101,10 +100,3 @@ def test_empty_run_and_bad_capacity() -> None:
     with pytest.raises(ValueError, match="capacity_gpus"):
         compute(RUN, [], capacity_gpus=0)
 
-
-def test_percentile_is_nearest_rank() -> None:
-    values = [float(v) for v in range(1, 21)]
-    assert percentile(values, 95) == 19.0
-    assert percentile(values, 100) == 20.0
-    assert percentile([5.0], 95) == 5.0
-    assert percentile([], 95) is None

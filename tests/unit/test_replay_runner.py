@@ -6,9 +6,11 @@ import os
 import subprocess
 from pathlib import Path
 
+from slurm_aigc.profiles import Phase
 from slurm_aigc.replay.runner import job_script, outcomes_from_records, sbatch_args, user_for
-from slurm_aigc.replay.workload import Phase, WorkloadJob
-from slurm_aigc.report.sacct import DELIMITER, FIELDS, JobRecord, parse_sacct_output
+from slurm_aigc.replay.workload import WorkloadJob
+from slurm_aigc.report.sacct import JobRecord, parse_sacct_output
+from tests.unit.sacct_json import DELIMITER, FIELDS, text_to_json
 
 
 def job(**overrides: object) -> WorkloadJob:
@@ -93,7 +95,7 @@ def test_requeued_job_is_one_outcome_with_both_runs_allocated() -> None:
         record("8", "COMPLETED", "2026-01-01T00:00:05", "2026-01-01T00:00:05", "2026-01-01T00:00:45",
                "gres/shard=20", node="a100-02"),
     ])
-    rows = [r for r in parse_sacct_output(text) if isinstance(r, JobRecord)]
+    rows = [r for r in parse_sacct_output(text_to_json(text)) if isinstance(r, JobRecord)]
     assert len(rows) == 3
     outcomes = {o.job_id: o for o in outcomes_from_records(rows, {"7": "train"}, {"a100": 80})}
     seven = outcomes["7"]

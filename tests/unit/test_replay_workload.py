@@ -9,24 +9,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from slurm_aigc.profiles import PHASE_KINDS, Phase, ProfileError, format_phases, parse_phases
 from slurm_aigc.replay.workload import (
     COLUMNS,
-    PHASES,
-    Phase,
     Workload,
     WorkloadError,
     WorkloadJob,
-    format_profile,
     format_tags,
     format_workload,
-    parse_profile,
     parse_tags,
     parse_workload,
-    read_workload,
     span_s,
     summarize,
-    write_workload,
 )
+from slurm_aigc.replay.workload_files import read_workload, write_workload
 
 HEADER = ",".join(COLUMNS)
 
@@ -93,8 +89,8 @@ def test_round_trip_keeps_every_field_and_meta(tmp_path: Path) -> None:
         ({"submit_offset_s": "-1"}, "submit_offset_s", ">= 0"),
         ({"submit_offset_s": "nan"}, "submit_offset_s", ">= 0"),
         ({"vram_gib_per_gpu": "0"}, "vram_gib_per_gpu", "> 0"),
-        ({"profile": "loading:10,sleeping:50"}, "profile", "phase 'sleeping' unknown"),
-        ({"profile": "loading:10,busy"}, "profile", "not phase:seconds"),
+        ({"profile": "loading:10,sleeping:50"}, "profile", "unknown phase 'sleeping'"),
+        ({"profile": "loading:10,busy"}, "profile", "'busy' in 'loading:10,busy' needs seconds"),
         ({"profile": "busy:60,repeat"}, "profile", "'repeat' is not allowed"),
         ({"profile": "busy:-60"}, "profile", "> 0"),
         ({"profile": ""}, "profile", "empty profile"),
@@ -168,10 +164,12 @@ def test_jobs_are_sorted_by_submit_offset_and_blank_lines_ignored() -> None:
 
 
 def test_profile_and_tag_helpers() -> None:
-    assert parse_profile("loading:30, busy:300,idle:120.5") == (
-        Phase("loading", 30.0), Phase("busy", 300.0), Phase("idle", 120.5))
-    assert format_profile((Phase("busy", 30.0), Phase("idle", 12.25))) == "busy:30,idle:12.25"
-    assert parse_profile("") == ()
+    assert parse_phases("loading:30, busy:300,idle:120.5", allow_repeat=False) == (
+        (Phase("loading", 30.0), Phase("busy", 300.0), Phase("idle", 120.5)), False)
+    assert format_phases((Phase("busy", 30.0), Phase("idle", 12.25))) == "busy:30,idle:12.25"
+    assert parse_phases("", allow_repeat=False) == ((), False)
+    with pytest.raises(ProfileError, match="must have an end"):
+        parse_phases("busy:30,repeat", allow_repeat=False)
     assert parse_tags("exp42 aigc:type=infer,vram=20G") == {"type": "infer", "vram": "20G"}
     assert parse_tags("no tag here") == {}
     with pytest.raises(ValueError, match="more than one"):
@@ -182,10 +180,10 @@ def test_profile_and_tag_helpers() -> None:
 
 def test_profiles_are_valid_gpu_load_specs() -> None:
     loadgen = pytest.importorskip("slurm_aigc.telemetry.loadgen")
-    spec = format_profile((Phase("loading", 8.0), Phase("busy", 10.0), Phase("idle", 10.0), Phase("hung", 30.0)))
+    spec = format_phases((Phase("loading", 8.0), Phase("busy", 10.0), Phase("idle", 10.0), Phase("hung", 30.0)))
     parsed = loadgen.parse_profile_spec(spec)
     assert [(p.kind, p.seconds) for p in parsed.phases] == [("loading", 8.0), ("busy", 10.0), ("idle", 10.0), ("hung", 30.0)]
-    assert set(PHASES) <= set(loadgen.PHASE_KINDS)
+    assert set(PHASE_KINDS) == set(loadgen.PHASE_LEVELS)
 
 
 def test_summary_counts_usage_patterns() -> None:
@@ -200,7 +198,7 @@ def test_summary_counts_usage_patterns() -> None:
     assert span_s(jobs) == 65.0
 
 
-_phase = st.builds(Phase, st.sampled_from(PHASES), st.integers(1, 500).map(float))
+_phase = st.builds(Phase, st.sampled_from(PHASE_KINDS), st.integers(1, 500).map(float))
 
 
 @settings(max_examples=60, deadline=None)

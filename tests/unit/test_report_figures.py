@@ -10,11 +10,11 @@ import pytest
 from slurm_aigc.report.figures import (
     ReportParams,
     build_report,
-    percentile,
     split_by_day,
 )
-from slurm_aigc.report.sacct import DELIMITER, FIELDS, JobRecord, parse_sacct_output
-from slurm_aigc.report.samples import ActionEvent, SampleSlice
+from slurm_aigc.report.records import ActionEvent, SampleSlice
+from slurm_aigc.report.sacct import JobRecord, parse_sacct_output
+from tests.unit.sacct_json import DELIMITER, FIELDS, text_to_json
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sacct"
 
@@ -24,7 +24,7 @@ def ts(text: str) -> float:
 
 
 def rows(name: str) -> list[object]:
-    text = (FIXTURES / name).read_text(encoding="utf-8").replace("\u241f", DELIMITER)
+    text = (FIXTURES / name.replace(".txt", ".json")).read_text(encoding="utf-8")
     return list(parse_sacct_output(text, tz=UTC))
 
 
@@ -38,7 +38,7 @@ def record(job: str, start: str | None, end: str | None, tres: str, *, cls: str 
     values.update(JobID=job, JobIDRaw=job, User="aigc-alice", Account="aigc", Partition="gpu", State=state,
                   Submit=submit or start or "2026-11-30T00:00:00", Start=start or "Unknown", End=end or "Unknown",
                   AllocTRES=tres, NodeList="a100-01", Comment=f"aigc:type={cls}", ElapsedRaw="0")
-    parsed = next(parse_sacct_output(DELIMITER.join(FIELDS) + "\n" + DELIMITER.join(values[f] for f in FIELDS), tz=UTC))
+    parsed = next(parse_sacct_output(text_to_json(DELIMITER.join(FIELDS) + "\n" + DELIMITER.join(values[f] for f in FIELDS)), tz=UTC))
     assert isinstance(parsed, JobRecord)
     return parsed
 
@@ -139,10 +139,7 @@ def test_actions_count_only_done_and_not_dry_run() -> None:
     assert total.gpu_hours_recovered == pytest.approx(2.0)
 
 
-def test_percentile_and_day_split() -> None:
-    assert percentile([], 95) is None
-    assert percentile([float(v) for v in range(1, 21)], 95) == 19.0
-    assert percentile([5.0], 95) == 5.0
+def test_day_split() -> None:
     pieces = split_by_day(ts("2026-11-30T22:00:00"), ts("2026-12-02T03:00:00"), UTC)
     assert pieces == [("2026-11-30", 7200.0), ("2026-12-01", 86400.0), ("2026-12-02", 10800.0)]
 

@@ -14,8 +14,9 @@ import pytest
 
 from slurm_aigc.report import render
 from slurm_aigc.report.figures import Report, ReportParams, build_report, job_view
-from slurm_aigc.report.sacct import DELIMITER, JobRecord, SkippedRow, parse_sacct_output
-from slurm_aigc.report.samples import ActionEvent, SampleSlice
+from slurm_aigc.report.records import ActionEvent, SampleSlice
+from slurm_aigc.report.sacct import JobRecord, SkippedRow, parse_sacct_output
+from tests.unit.sacct_json import text_to_json
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sacct"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -26,7 +27,7 @@ def ts(text: str) -> float:
 
 
 def rows() -> list[JobRecord | SkippedRow]:
-    text = (FIXTURES / "sacct-22.05.txt").read_text(encoding="utf-8").replace("\u241f", DELIMITER)
+    text = (FIXTURES / "sacct-22.05.json").read_text(encoding="utf-8")
     return list(parse_sacct_output(text, tz=UTC, source="fixture"))
 
 

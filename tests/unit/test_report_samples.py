@@ -10,8 +10,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from slurm_aigc.db import ActionRecord, JobGpuSample, open_database, transaction
 from slurm_aigc.report.figures import ReportParams, build_report
+from slurm_aigc.report.records import slices
 from slurm_aigc.report.sacct import DELIMITER, FIELDS, parse_sacct_output
-from slurm_aigc.report.samples import SampleStore, slices
+from slurm_aigc.report.samples import SampleStore
 
 T0 = datetime(2026, 11, 30, 10, tzinfo=UTC).timestamp()
 

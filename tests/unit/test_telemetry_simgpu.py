@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from slurm_aigc.telemetry.backends import open_backend
 from slurm_aigc.telemetry.nvml import NvmlBackend
 from slurm_aigc.telemetry.simgpu import (
     GpuLoad,
     ProcLoad,
     SimGpuBackend,
     SimGpuError,
-    open_backend,
     parse_proc_load,
     process_start_ticks,
     sim_gpus,
