@@ -1,12 +1,14 @@
 """Strict readers for YAML-loaded config: unknown keys and wrong types are errors naming the key path.
 
-Every config section (policy, reclaim, scoring, agent) is read through these helpers so
-that an admin's typo gets the same message everywhere:
+Every config section (policy, reclaim, scoring, agent, storage) is read through these helpers
+(by `slurm_aigc.policy.loader`) so that an admin's typo gets the same message everywhere:
 ``etc/slurm-aigc.yaml: classes.infer.vram_gb: expected a number, got 'lots'``.
+Numbers must be finite: YAML's `.nan` and `.inf` are refused wherever a number is read.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -67,7 +69,89 @@ def get(node: Node, key: str, kind: type[T], default: T | None = None) -> T:
         raise child.error(f"expected an integer, got {value!r}")
     if not isinstance(value, kind):
         raise child.error(f"expected {_kind_name(kind)}, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise child.error(f"expected a finite number, got {value!r}")
     return value
+
+
+def section(node: Node, key: str) -> Node:
+    """`node[key]` as a sub-node; an absent or null section reads as an empty mapping."""
+    assert isinstance(node.value, Mapping)
+    if node.value.get(key) is None:
+        return Node(node.source, f"{node.path}.{key}" if node.path else key, {})
+    return node.child(key)
+
+
+def flag(node: Node, key: str, default: bool) -> bool:
+    """A true/false setting."""
+    return get(node, key, bool, default)
+
+
+def number(node: Node, key: str, default: float, *, above: float | None = None, minimum: float | None = None,
+           maximum: float | None = None, what: str = "number") -> float:
+    """A finite number, optionally > `above`, >= `minimum`, <= `maximum`; the error states the bounds."""
+    value = get(node, key, float, default)
+    low_ok = (above is None or value > above) and (minimum is None or value >= minimum)
+    if not low_ok or (maximum is not None and value > maximum):
+        raise node.child(key).error(f"expected {_bounds(what, above, minimum, maximum)}, got {value:g}")
+    return value
+
+
+def _bounds(what: str, above: float | None, minimum: float | None, maximum: float | None) -> str:
+    if maximum is not None:
+        low = f"({above:g}" if above is not None else (f"[{minimum:g}" if minimum is not None else "(-inf")
+        return f"a {what} in {low}, {maximum:g}]"
+    if above is not None:
+        return f"a positive {what} (> 0)" if above == 0 else f"a {what} > {above:g}"
+    return f"a non-negative {what}" if minimum == 0 else f"a {what} >= {minimum:g}"
+
+
+def percent(node: Node, key: str, default: float) -> float:
+    """A percentage in 0..100."""
+    value = get(node, key, float, default)
+    if not 0.0 <= value <= 100.0:
+        raise node.child(key).error(f"expected a percentage in 0..100, got {value:g}")
+    return value
+
+
+def integer(node: Node, key: str, default: int, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    """An integer within [minimum, maximum] (each bound optional)."""
+    value = get(node, key, int, default)
+    low = -math.inf if minimum is None else minimum
+    high = math.inf if maximum is None else maximum
+    if not low <= value <= high:
+        if maximum is not None:
+            bound = f"an integer in {minimum if minimum is not None else ''}..{maximum}"
+        else:
+            bound = "a non-negative integer" if minimum == 0 else f"an integer >= {minimum}"
+        raise node.child(key).error(f"expected {bound}, got {value}")
+    return value
+
+
+def choice(node: Node, key: str, choices: tuple[str, ...], default: str) -> str:
+    """One of a fixed set of words."""
+    value = get(node, key, str, default)
+    if value not in choices:
+        raise node.child(key).error(f"expected one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def absolute_path(node: Node, key: str, default: str | None) -> str | None:
+    """An absolute file path, or None when the key is null."""
+    assert isinstance(node.value, Mapping)
+    if key not in node.value:
+        return default
+    path = optional(node, key, str)
+    if path is not None and not path.startswith("/"):
+        raise node.child(key).error(f"expected an absolute path, got {path!r}")
+    return path
+
+
+def word(node: Node, pattern: re.Pattern[str], what: str) -> str:
+    """A name matching `pattern` (letters, digits, _ . -): a partition, feature, QOS..."""
+    if not isinstance(node.value, str) or not pattern.match(node.value):
+        raise node.error(f"expected a {what} (letters, digits, _ . -), got {node.value!r}")
+    return node.value
 
 
 def optional(node: Node, key: str, kind: type[T]) -> T | None:

@@ -1,22 +1,24 @@
-"""Read etc/slurm-aigc.yaml into a typed `Policy`; every error names file, key path and problem.
+"""Read etc/slurm-aigc.yaml, once, into a typed `Policy` of every section; errors name file, key path, problem.
 
-Mirrors `slurm-aigc policy check`. Sections owned by other packages (`reclaim`, `scoring`,
-`agent`) are validated by their own parsers when those are importable.
+The one reader of the policy file: `slurm-aigc policy check|render|install`, the hook's
+`classify`, the controller (`reclaim`, `scoring`), the agent (`agent`) and the database
+(`storage`) all get their settings from `load_policy`. Everything here but `load_policy`
+is pure; the defaults are those of `slurm_aigc.policy.model`.
 """
 
 from __future__ import annotations
 
-import importlib
-import math
+import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import yaml
 
-from slurm_aigc.errors import ConfigError
+from slurm_aigc.errors import ConfigError, ShippedFileError
 from slurm_aigc.policy.model import (
+    SHARD_GRES,
     UNKNOWN_CLASS,
     ClassDefaults,
     DetectionRule,
@@ -24,39 +26,65 @@ from slurm_aigc.policy.model import (
     HookSettings,
     Inventory,
     ModelPreferRule,
+    NvlinkMethod,
     NvlinkRule,
     Policy,
     Rewrites,
     ShardRule,
-    StorageConfig,
     Toggle,
     VramFitRule,
 )
-from slurm_aigc.validation import Node, get, mapping, optional, string_list
+from slurm_aigc.policy.paths import ENV_SIMGPU_DIR, default_policy
+from slurm_aigc.policy.sections import agent_section, reclaim_section, scoring_section, storage_section
+from slurm_aigc.validation import (
+    Node,
+    absolute_path,
+    choice,
+    flag,
+    get,
+    integer,
+    mapping,
+    number,
+    optional,
+    section,
+    string_list,
+    word,
+)
 
 TOP_LEVEL = {"inventory", "classes", "detection", "rewrites", "hook", "storage", "reclaim", "scoring", "agent"}
-# section -> (module, parser) of the packages that own it.
-FOREIGN_SECTIONS: dict[str, tuple[str, str]] = {
-    "reclaim": ("slurm_aigc.reclaim.config", "parse_reclaim_section"),
-    "scoring": ("slurm_aigc.telemetry.config", "parse_scoring_section"),
-    "agent": ("slurm_aigc.telemetry.config", "parse_agent_section"),
-}
+# What the job_submit hook cannot do without; a daemon's file may leave them out.
+HOOK_REQUIRED = {"inventory", "classes"}
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 _FEATURE_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 _PARTITION_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
-def load_policy(path: str | Path) -> Policy:
-    """Read and validate a policy file (`slurm-aigc policy check --policy PATH`)."""
-    source = str(path)
+def load_policy(path: str | Path | None = None, *, hook_sections: bool = True) -> Policy:
+    """Read and validate the policy file (`slurm-aigc policy check --policy PATH`).
+
+    `path` None: `$SLURM_AIGC_CONFIG`, else /etc/slurm-aigc/slurm-aigc.yaml, else the shipped
+    one (`policy.paths.default_policy`); a given path must exist. `hook_sections` False (the
+    daemons) lets a file leave out `inventory` and `classes`, and reads no file at all when
+    there is none to find. An absent `agent.simgpu_dir` is `$SLURM_AIGC_SIMGPU_DIR` when set.
+    """
+    simgpu_dir = os.environ.get(ENV_SIMGPU_DIR) or None
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        chosen = Path(path) if path is not None else default_policy()
+    except ShippedFileError:
+        if hook_sections:
+            raise
+        return parse_policy(Node("(defaults)", "", {}), hook_sections=False, simgpu_dir=simgpu_dir)
+    source = str(chosen)
+    try:
+        text = chosen.read_text(encoding="utf-8")
+    except FileNotFoundError as error:
+        raise ConfigError(source, "", "no such file") from error
     except OSError as error:
         raise ConfigError(source, "", f"cannot read: {error.strerror or error}") from error
-    return parse_policy_text(text, source)
+    return parse_policy_text(text, source, hook_sections=hook_sections, simgpu_dir=simgpu_dir)
 
 
-def parse_policy_text(text: str, source: str) -> Policy:
+def parse_policy_text(text: str, source: str, *, hook_sections: bool = True, simgpu_dir: str | None = None) -> Policy:
     """Validate YAML text; `source` names it in errors."""
     try:
         document = yaml.safe_load(text)
@@ -64,33 +92,31 @@ def parse_policy_text(text: str, source: str) -> Policy:
         mark = getattr(error, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else ""
         raise ConfigError(source, where, f"not valid YAML: {getattr(error, 'problem', error)}") from error
-    return parse_policy(Node(source, "", document))
+    return parse_policy(Node(source, "", document), hook_sections=hook_sections, simgpu_dir=simgpu_dir)
 
 
-def parse_policy(root: Node) -> Policy:
-    mapping(root, TOP_LEVEL, required={"inventory", "classes"})
-    inventory = _inventory(root.child("inventory"))
-    classes = _classes(root.child("classes"))
+def parse_policy(root: Node, *, hook_sections: bool = True, simgpu_dir: str | None = None) -> Policy:
+    """Every section of a loaded document; see `load_policy` for the keywords."""
+    mapping(root, TOP_LEVEL, required=HOOK_REQUIRED if hook_sections else set())
+    root = Node(root.source, root.path, root.value or {})
+    inventory = _inventory(root.child("inventory")) if hook_sections or "inventory" in root.value else Inventory(())
+    # A daemon's file may say `classes: {}`: the hook's sections are then not its concern.
+    classes = _classes(root.child("classes")) if hook_sections or root.value.get("classes") else {}
     known = set(classes) | {UNKNOWN_CLASS}
-    detection = _detection(_child(root, "detection"), known)
-    rewrites = _rewrites(_child(root, "rewrites"), known)
-    hook = _hook(_child(root, "hook"), known)
-    storage = _storage(_child(root, "storage"))
-    sections = {name: _foreign(root, name) for name in FOREIGN_SECTIONS if name in root.value}
-    return Policy(root.source, inventory, classes, detection, rewrites, hook, storage, sections)
-
-
-def _child(node: Node, key: str) -> Node:
-    """A sub-node, reading an absent or null section as an empty mapping."""
-    if node.value.get(key) is None:
-        return Node(node.source, f"{node.path}.{key}" if node.path else key, {})
-    return node.child(key)
-
-
-def _name(node: Node, pattern: re.Pattern[str], what: str) -> str:
-    if not isinstance(node.value, str) or not pattern.match(node.value):
-        raise node.error(f"expected a {what} (letters, digits, _ . -), got {node.value!r}")
-    return node.value
+    reclaim = reclaim_section(section(root, "reclaim"))
+    rewrites = _rewrites(section(root, "rewrites"), known)
+    return Policy(
+        source=root.source,
+        inventory=inventory,
+        classes=classes,
+        detection=_detection(section(root, "detection"), known),
+        rewrites=rewrites,
+        hook=_hook(section(root, "hook"), known),
+        storage=storage_section(section(root, "storage")),
+        reclaim=replace(reclaim, shards_per_gpu={t.name: t.shards_per_gpu for t in inventory.gpu_types}),
+        scoring=scoring_section(section(root, "scoring"), rewrites.model_prefer.published_features_file),
+        agent=agent_section(section(root, "agent"), simgpu_dir),
+    )
 
 
 def _inventory(node: Node) -> Inventory:
@@ -100,7 +126,9 @@ def _inventory(node: Node) -> Inventory:
     if not types_node.value:
         raise types_node.error("declare at least one GPU type")
     types = [_gpu_type(types_node.child(name), str(name)) for name in types_node.value]
-    shard_gres = optional(node, "shard_gres", str) or "shard"
+    # The hook asks for `<shard_gres>:<GiB>` instead of gpu:1: only Slurm's sharing GRES
+    # means "part of one GPU" (`shard_gres: gpu` asked for 40 whole GPUs).
+    shard_gres = choice(node, "shard_gres", (SHARD_GRES,), SHARD_GRES)
     return Inventory(tuple(sorted(types, key=lambda t: (t.memory_gib, t.name))), shard_gres)
 
 
@@ -108,17 +136,13 @@ def _gpu_type(node: Node, name: str) -> GpuType:
     if not _NAME_RE.match(name):
         raise node.error("GPU type names use letters, digits, _ . - only")
     mapping(node, {"memory_gib", "shards_per_gpu", "nvlink", "feature", "nodes"}, required={"memory_gib"})
-    memory = get(node, "memory_gib", float)
-    if memory <= 0:
-        raise node.child("memory_gib").error(f"must be > 0, got {memory}")
-    shards = optional(node, "shards_per_gpu", int) or 0
-    if shards < 0:
-        raise node.child("shards_per_gpu").error(f"must be >= 0, got {shards}")
+    memory = number(node, "memory_gib", 0.0, above=0)
+    shards = integer(node, "shards_per_gpu", 0, minimum=0) if node.value.get("shards_per_gpu") is not None else 0
     feature: str | None = name
     if "feature" in node.value:
         raw = node.value["feature"]
-        feature = None if raw is None else _name(node.child("feature"), _FEATURE_RE, "node feature name")
-    nvlink = get(node, "nvlink", bool, False) if "nvlink" in node.value else False
+        feature = None if raw is None else word(node.child("feature"), _FEATURE_RE, "node feature name")
+    nvlink = flag(node, "nvlink", False)
     return GpuType(name, memory, shards, nvlink, feature, optional(node, "nodes", str) or "")
 
 
@@ -140,15 +164,13 @@ def _classes(node: Node) -> dict[str, ClassDefaults]:
 
 def _class_defaults(node: Node) -> ClassDefaults:
     mapping(node, {"partition", "qos", "time_minutes", "description"})
-    partition = optional(node, "partition", str)
+    node = Node(node.source, node.path, node.value or {})
+    partition, qos = optional(node, "partition", str), optional(node, "qos", str)
     if partition is not None:
-        _name(node.child("partition"), _PARTITION_RE, "partition name")
-    qos = optional(node, "qos", str)
+        word(node.child("partition"), _PARTITION_RE, "partition name")
     if qos is not None:
-        _name(node.child("qos"), _PARTITION_RE, "QOS name")
-    minutes = optional(node, "time_minutes", int)
-    if minutes is not None and minutes <= 0:
-        raise node.child("time_minutes").error(f"must be > 0, got {minutes}")
+        word(node.child("qos"), _PARTITION_RE, "QOS name")
+    minutes = integer(node, "time_minutes", 1, minimum=1) if node.value.get("time_minutes") is not None else None
     return ClassDefaults(partition, qos, minutes)
 
 
@@ -183,6 +205,7 @@ def _known_class(node: Node, known: set[str]) -> str:
 
 
 def _class_list(node: Node, key: str, known: set[str], default: tuple[str, ...]) -> tuple[str, ...]:
+    """Class names that must exist; the model's default list is kept to the classes the file has."""
     if key not in node.value:
         return tuple(c for c in default if c in known)
     values = string_list(node, key)
@@ -191,100 +214,66 @@ def _class_list(node: Node, key: str, known: set[str], default: tuple[str, ...])
     return values
 
 
-def _enabled(node: Node) -> bool:
-    return get(node, "enabled", bool, True) if "enabled" in node.value else True
-
-
 def _rewrites(node: Node, known: set[str]) -> Rewrites:
     mapping(node, {"shard", "vram_fit", "nvlink", "model_prefer", "class_defaults", "comment_class"})
     return Rewrites(
-        shard=_shard(_child(node, "shard"), known),
-        vram_fit=_vram_fit(_child(node, "vram_fit")),
-        nvlink=_nvlink(_child(node, "nvlink"), known),
-        model_prefer=_model_prefer(_child(node, "model_prefer")),
-        class_defaults=_toggle(_child(node, "class_defaults")),
-        comment_class=_toggle(_child(node, "comment_class")),
+        shard=_shard(section(node, "shard"), known),
+        vram_fit=_vram_fit(section(node, "vram_fit")),
+        nvlink=_nvlink(section(node, "nvlink"), known),
+        model_prefer=_model_prefer(section(node, "model_prefer")),
+        class_defaults=_toggle(section(node, "class_defaults")),
+        comment_class=_toggle(section(node, "comment_class")),
     )
 
 
 def _shard(node: Node, known: set[str]) -> ShardRule:
     mapping(node, {"enabled", "classes", "max_fraction"})
-    fraction = get(node, "max_fraction", float, ShardRule.max_fraction)
-    if not 0 < fraction <= 1:
-        raise node.child("max_fraction").error(f"must be in (0, 1], got {fraction}")
-    return ShardRule(_enabled(node), _class_list(node, "classes", known, ShardRule.classes), fraction)
+    base = ShardRule()
+    fraction = number(node, "max_fraction", base.max_fraction, above=0, maximum=1, what="fraction")
+    return ShardRule(flag(node, "enabled", base.enabled), _class_list(node, "classes", known, base.classes), fraction)
 
 
 def _vram_fit(node: Node) -> VramFitRule:
     mapping(node, {"enabled", "reject_misfit"})
-    reject = get(node, "reject_misfit", bool, False) if "reject_misfit" in node.value else False
-    return VramFitRule(_enabled(node), reject)
+    base = VramFitRule()
+    return VramFitRule(flag(node, "enabled", base.enabled), flag(node, "reject_misfit", base.reject_misfit))
 
 
 def _nvlink(node: Node, known: set[str]) -> NvlinkRule:
     mapping(node, {"enabled", "classes", "method", "feature"})
-    method = get(node, "method", str, "types")
-    if method not in ("types", "feature"):
-        raise node.child("method").error(f"expected 'types' or 'feature', got {method!r}")
-    feature = _name(node.child("feature"), _FEATURE_RE, "node feature name") if "feature" in node.value else "nvlink"
-    classes = _class_list(node, "classes", known, NvlinkRule.classes)
-    return NvlinkRule(_enabled(node), classes, "feature" if method == "feature" else "types", feature)
+    base = NvlinkRule()
+    method: NvlinkMethod = "feature" if choice(node, "method", ("types", "feature"), base.method) == "feature" else "types"
+    feature = word(node.child("feature"), _FEATURE_RE, "node feature name") if "feature" in node.value else base.feature
+    classes = _class_list(node, "classes", known, base.classes)
+    return NvlinkRule(flag(node, "enabled", base.enabled), classes, method, feature)
 
 
 def _model_prefer(node: Node) -> ModelPreferRule:
     mapping(node, {"enabled", "feature_prefix", "published_features_file", "refresh_seconds"})
-    prefix = get(node, "feature_prefix", str, "model_")
+    base = ModelPreferRule()
+    prefix = get(node, "feature_prefix", str, base.feature_prefix)
     if not re.match(r"^[A-Za-z0-9_.-]*$", prefix):
         raise node.child("feature_prefix").error(f"letters, digits, _ . - only, got {prefix!r}")
-    path = ModelPreferRule.published_features_file
-    if "published_features_file" in node.value:
-        path = optional(node, "published_features_file", str)
-        if path is not None and not path.startswith("/"):
-            raise node.child("published_features_file").error(f"expected an absolute path, got {path!r}")
-    refresh = get(node, "refresh_seconds", int, 10)
-    if refresh < 0:
-        raise node.child("refresh_seconds").error(f"must be >= 0, got {refresh}")
-    return ModelPreferRule(_enabled(node), prefix, path, refresh)
+    path = absolute_path(node, "published_features_file", base.published_features_file)
+    refresh = integer(node, "refresh_seconds", base.refresh_seconds, minimum=0)
+    return ModelPreferRule(flag(node, "enabled", base.enabled), prefix, path, refresh)
 
 
 def _toggle(node: Node) -> Toggle:
     mapping(node, {"enabled"})
-    return Toggle(_enabled(node))
+    return Toggle(flag(node, "enabled", Toggle().enabled))
 
 
 def _hook(node: Node, known: set[str]) -> HookSettings:
     mapping(node, {"strict_tags", "debug_log", "skip_root", "untouched_classes", "comment_class_key"})
-    flags = {key: get(node, key, bool, False) if key in node.value else None for key in ("strict_tags", "debug_log", "skip_root")}
-    untouched = _class_list(node, "untouched_classes", known, HookSettings.untouched_classes)
-    key = get(node, "comment_class_key", str, "aigc_class")
+    base = HookSettings()
+    key = get(node, "comment_class_key", str, base.comment_class_key)
     if not re.match(r"^[a-z][a-z0-9_]*$", key):
         raise node.child("comment_class_key").error(f"lower-case letters, digits and _ only, got {key!r}")
     return HookSettings(
-        strict_tags=bool(flags["strict_tags"]),
-        debug_log=bool(flags["debug_log"]),
-        skip_root=True if flags["skip_root"] is None else bool(flags["skip_root"]),
-        untouched_classes=untouched,
+        strict_tags=flag(node, "strict_tags", base.strict_tags),
+        debug_log=flag(node, "debug_log", base.debug_log),
+        skip_root=flag(node, "skip_root", base.skip_root),
+        untouched_classes=_class_list(node, "untouched_classes", known, base.untouched_classes),
         comment_class_key=key,
     )
-
-
-def _storage(node: Node) -> StorageConfig:
-    mapping(node, {"raw_retention_hours"})
-    hours = get(node, "raw_retention_hours", float, StorageConfig.raw_retention_hours)
-    if not math.isfinite(hours) or hours <= 0:
-        raise node.child("raw_retention_hours").error(f"expected a positive number of hours, got {hours}")
-    return StorageConfig(hours)
-
-
-def _foreign(root: Node, name: str) -> object:
-    """Validate a section another package owns, through its parser, if that package is present."""
-    module_name, parser_name = FOREIGN_SECTIONS[name]
-    node = _child(root, name)
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError:
-        return node.value
-    parser: Callable[[Node], Any] | None = getattr(module, parser_name, None)
-    if parser is None:
-        return node.value
-    return parser(node)

@@ -1,4 +1,9 @@
-"""The typed policy: what etc/slurm-aigc.yaml says about classes, detection and rewrites."""
+"""The typed policy: every section of etc/slurm-aigc.yaml as frozen values.
+
+Each setting has exactly one default, here; the shipped etc/slurm-aigc.yaml states the same
+values (tests/unit/test_policy_loader.py checks they are equal). `slurm_aigc.policy.loader`
+fills these from the file; nothing else reads it.
+"""
 
 from __future__ import annotations
 
@@ -27,10 +32,13 @@ class GpuType:
         return self.memory_gib / self.shards_per_gpu if self.shards_per_gpu else 0.0
 
 
+SHARD_GRES = "shard"  # Slurm's GPU-sharing GRES (gres/shard, Slurm >= 22.05)
+
+
 @dataclass(frozen=True)
 class Inventory:
     gpu_types: tuple[GpuType, ...]  # sorted by memory, smallest first
-    shard_gres: str = "shard"
+    shard_gres: str = SHARD_GRES
 
 
 @dataclass(frozen=True)
@@ -111,6 +119,144 @@ class HookSettings:
     comment_class_key: str = "aigc_class"
 
 
+# --------------------------------------------------------------------------- reclaim
+
+VERDICTS = ("idle", "memory_held", "fake_busy", "over_allocated")
+ACTIONS = ("notify", "signal", "requeue", "shrink", "cancel")
+UNCLASSIFIED = "unclassified"
+
+
+def _default_ladder() -> Mapping[str, tuple[str, ...]]:
+    return {
+        "idle": ("notify", "requeue"),
+        "memory_held": ("notify", "requeue"),
+        "fake_busy": ("notify", "signal", "requeue"),
+        "over_allocated": ("notify", "shrink"),
+    }
+
+
+@dataclass(frozen=True)
+class ClassPolicy:
+    """Windows, thresholds and action ladders for one AIGC class (`reclaim.defaults`)."""
+
+    grace_s: float = 600.0  # start-up grace: model loading looks idle
+    window_s: float = 1800.0  # how long a waste pattern must last
+    min_samples: int = 30
+    idle_util_pct: float = 1.0
+    idle_memory_mib: float = 1024.0
+    busy_util_pct: float = 95.0
+    low_power_pct: float = 30.0
+    ladder: Mapping[str, tuple[str, ...]] = field(default_factory=_default_ladder)
+
+
+@dataclass(frozen=True)
+class Exemptions:
+    """Jobs reclaim never touches (it still reports their verdicts)."""
+
+    classes: frozenset[str] = frozenset({"interactive"})
+    accounts: frozenset[str] = frozenset()
+    qos: frozenset[str] = frozenset()
+    users: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class NotifyConfig:
+    """How `notify` reaches the user besides the job's AdminComment (always set)."""
+
+    scontrol_notify: bool = True
+    # argv template; {user} {job_id} {message} {verdict} are substituted per argument.
+    command: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ReclaimConfig:
+    """The whole `reclaim:` section."""
+
+    dry_run: bool = True  # a new install only reports
+    poll_interval_s: float = 10.0  # the agents' sampling interval (agent.interval_s)
+    gap_intervals: float = 2.0
+    stale_intervals: float = 6.0
+    max_actions_per_tick: int = 10
+    max_actions_per_job: int = 4
+    cooldown_s: float = 900.0
+    cancel_enabled: bool = False
+    signal: str = "USR1"
+    opt_out: str = "allow"
+    notify: NotifyConfig = NotifyConfig()
+    exempt: Exemptions = Exemptions()
+    defaults: ClassPolicy = ClassPolicy()
+    classes: Mapping[str, ClassPolicy] = field(default_factory=dict)
+    # From the policy's `inventory` (not a reclaim key): turns shards into GPU-hours recovered.
+    shards_per_gpu: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def gap_s(self) -> float:
+        """A longer gap between two samples breaks any window."""
+        return self.gap_intervals * self.poll_interval_s
+
+    @property
+    def stale_s(self) -> float:
+        """Samples older than this are stale: the controller waits instead of acting."""
+        return self.stale_intervals * self.poll_interval_s
+
+    def policy_for(self, job_class: str) -> ClassPolicy:
+        return self.classes.get(job_class, self.defaults)
+
+    def lookback_s(self) -> float:
+        """How far back the controller must read samples to judge every class."""
+        windows = [self.defaults.window_s] + [p.window_s for p in self.classes.values()]
+        return max(windows) + 2 * self.gap_s
+
+
+# --------------------------------------------------------------------------- telemetry
+
+DEFAULT_SIMGPU_DIR = "/var/lib/slurm-aigc/simgpu"
+AGENT_BACKENDS = ("nvml", "sim")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """The `agent:` section (the node agent)."""
+
+    backend: str = "nvml"
+    simgpu_dir: str = DEFAULT_SIMGPU_DIR  # an absent key: $SLURM_AIGC_SIMGPU_DIR when set
+    interval_s: float = 10.0
+    publish_features: bool = True
+    feature_check_s: float = 60.0
+    metrics_port: int | None = None
+
+
+def _default_scorers() -> Mapping[str, float]:
+    return {"cool_first": 1.0, "pack_keep_islands": 1.0}
+
+
+@dataclass(frozen=True)
+class ScoringConfig:
+    """The `scoring:` section (the feature/weight publisher)."""
+
+    interval_s: float = 30.0
+    window_s: float = 300.0
+    weight_min: int = 1
+    weight_max: int = 100
+    hysteresis: int = 5
+    publish_nvfree: bool = True
+    publish_models: bool = True
+    serving_classes: tuple[str, ...] = ("infer", "imagegen")
+    # None: write no listing. The loader sets the hook's rewrites.model_prefer.published_features_file
+    # when the key is absent (the one default of that file is the hook's).
+    published_features_file: str | None = None
+    model_linger_s: float = 300.0
+    model_unlist_grace_s: float = 30.0
+    policies: Mapping[str, float] = field(default_factory=_default_scorers)
+
+    def policy_weights(self) -> Mapping[str, float]:
+        """The enabled plugins and their weights."""
+        return self.policies
+
+
+# --------------------------------------------------------------------------- storage
+
+
 @dataclass(frozen=True)
 class StorageConfig:
     """The `storage:` section: how long the state database keeps what."""
@@ -129,5 +275,6 @@ class Policy:
     rewrites: Rewrites
     hook: HookSettings
     storage: StorageConfig = StorageConfig()
-    # Typed configs of the sections other packages own (reclaim, scoring, agent), when importable.
-    sections: Mapping[str, object] = field(default_factory=dict)
+    reclaim: ReclaimConfig = ReclaimConfig()
+    scoring: ScoringConfig = ScoringConfig()
+    agent: AgentConfig = AgentConfig()

@@ -13,6 +13,7 @@ from slurm_aigc.shipped import POLICY, shipped_file
 
 SYSTEM_POLICY = Path("/etc/slurm-aigc/slurm-aigc.yaml")
 ENV_POLICY = "SLURM_AIGC_CONFIG"
+ENV_SIMGPU_DIR = "SLURM_AIGC_SIMGPU_DIR"  # the agent's simulated GPUs when agent.simgpu_dir is absent
 
 
 def shipped_policy() -> Path:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,14 +23,15 @@ def parse(document: dict[str, Any]) -> Any:
     return parse_policy_text(yaml.safe_dump(document), "pol.yaml")
 
 
-def test_shipped_policy_loads_with_types_sorted_and_foreign_sections() -> None:
+def test_shipped_policy_loads_with_types_sorted_and_every_section() -> None:
     policy = load_policy(shipped_policy())
     assert [t.name for t in policy.inventory.gpu_types] == ["t4", "a100"]
     a100 = policy.inventory.gpu_types[1]
     assert a100.gib_per_shard == 1.0 and a100.nvlink and a100.feature == "a100"
     assert set(policy.classes) >= {"train", "finetune", "infer", "imagegen", "videogen", "audio", "batch", "interactive"}
     assert policy.detection[0].interactive is True
-    assert set(policy.sections) == {"reclaim", "scoring", "agent"}
+    assert policy.reclaim.dry_run and policy.reclaim.shards_per_gpu == {"t4": 16, "a100": 80}
+    assert policy.scoring.weight_max == 100 and policy.agent.backend == "nvml"
 
 
 @pytest.mark.parametrize(("edit", "key_path", "words"), [
@@ -38,7 +41,7 @@ def test_shipped_policy_loads_with_types_sorted_and_foreign_sections() -> None:
     (lambda d: d["inventory"]["gpu_types"]["t4"].update(memory_gib="lots"), "inventory.gpu_types.t4.memory_gib", "a number"),
     (lambda d: d["detection"]["rules"][1].update({"class": "nope"}), "detection.rules[1].class", "unknown class"),
     (lambda d: d["rewrites"]["shard"].update(max_fraction=1.5), "rewrites.shard.max_fraction", "(0, 1]"),
-    (lambda d: d["rewrites"]["nvlink"].update(method="magic"), "rewrites.nvlink.method", "'types' or 'feature'"),
+    (lambda d: d["rewrites"]["nvlink"].update(method="magic"), "rewrites.nvlink.method", "expected one of types, feature"),
     (lambda d: d["rewrites"]["model_prefer"].update(published_features_file="rel.txt"),
      "rewrites.model_prefer.published_features_file", "absolute path"),
     (lambda d: d["classes"].pop("interactive"), "classes", "interactive"),
@@ -58,7 +61,7 @@ def test_errors_name_file_key_path_and_problem(edit: Any, key_path: str, words: 
     assert words in caught.value.problem
 
 
-def test_foreign_section_is_validated_by_its_owner() -> None:
+def test_daemon_sections_are_validated_by_the_same_loader() -> None:
     document = shipped()
     document["scoring"] = {"no_such_scoring_key": 1}
     with pytest.raises(ConfigError) as caught:
@@ -69,7 +72,7 @@ def test_foreign_section_is_validated_by_its_owner() -> None:
 def test_invalid_yaml_and_missing_file() -> None:
     with pytest.raises(ConfigError, match="not valid YAML"):
         parse_policy_text("inventory: [\n", "bad.yaml")
-    with pytest.raises(ConfigError, match="cannot read"):
+    with pytest.raises(ConfigError, match="/nonexistent/slurm-aigc.yaml: no such file"):
         load_policy("/nonexistent/slurm-aigc.yaml")
 
 
@@ -91,3 +94,167 @@ def test_storage_retention_defaults_and_is_validated() -> None:
         with pytest.raises(ConfigError) as caught:
             parse(document)
         assert caught.value.key_path == "storage.raw_retention_hours"
+
+
+# --------------------------------------------------------------------------- one default per setting
+
+# Site content, not defaults: the cluster's GPU types and classes, the detection rules, and
+# reclaim's per-class overrides. Every other value the shipped file states is the default.
+SITE_CONTENT = ("inventory", "classes", "detection")
+
+
+def test_shipped_file_states_exactly_the_model_defaults() -> None:
+    full = shipped()
+    bare = {key: full[key] for key in SITE_CONTENT}
+    from_file, from_defaults = parse(full), parse(bare)
+    assert from_file.rewrites == from_defaults.rewrites
+    assert from_file.hook == from_defaults.hook
+    assert from_file.storage == from_defaults.storage
+    assert from_file.scoring == from_defaults.scoring
+    assert from_file.agent == from_defaults.agent
+    assert replace(from_file.reclaim, classes={}) == from_defaults.reclaim
+    # The three the issue found different (controller vs hook): one value each now.
+    assert (from_defaults.reclaim.poll_interval_s, from_defaults.reclaim.defaults.min_samples,
+            from_defaults.reclaim.defaults.busy_util_pct) == (10.0, 30, 95.0)
+
+
+def test_daemons_without_a_policy_file_use_the_shipped_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_aigc.policy import paths
+    from slurm_aigc.reclaim.config import load_reclaim_config
+    from slurm_aigc.telemetry.config import load_agent_config, load_scoring_config
+
+    monkeypatch.delenv("SLURM_AIGC_CONFIG", raising=False)
+    monkeypatch.delenv("SLURM_AIGC_SIMGPU_DIR", raising=False)
+    monkeypatch.setattr(paths, "SYSTEM_POLICY", tmp_path / "absent.yaml")
+    policy = load_policy(shipped_policy())
+    assert load_reclaim_config() == policy.reclaim  # not dataclass defaults of its own
+    assert load_scoring_config(None) == policy.scoring
+    assert load_agent_config(None) == policy.agent
+
+
+def test_a_daemon_file_may_leave_out_the_hook_sections(tmp_path: Path) -> None:
+    path = tmp_path / "daemon.yaml"
+    path.write_text("reclaim: {dry_run: false}\nstorage: {raw_retention_hours: 12}\n")
+    policy = load_policy(path, hook_sections=False)
+    assert not policy.reclaim.dry_run and policy.storage.raw_retention_hours == 12.0
+    with pytest.raises(ConfigError, match="missing required key"):
+        load_policy(path)  # `policy check`: the hook needs inventory and classes
+
+
+# --------------------------------------------------------------------------- issue 12.8: NaN, inf, shard_gres
+
+
+def numeric_leaves(value: Any, path: str = "") -> list[str]:
+    """The key path of every number in a document (booleans are not numbers)."""
+    if isinstance(value, dict):
+        return [leaf for key, sub in value.items() for leaf in numeric_leaves(sub, f"{path}.{key}" if path else str(key))]
+    if isinstance(value, list):
+        return [leaf for index, sub in enumerate(value) for leaf in numeric_leaves(sub, f"{path}[{index}]")]
+    return [path] if isinstance(value, (int, float)) and not isinstance(value, bool) else []
+
+
+def set_path(document: Any, path: str, value: object) -> None:
+    keys = [int(k) if k.isdigit() else k for k in path.replace("[", ".").replace("]", "").split(".")]
+    target = document
+    for key in keys[:-1]:
+        target = target[key]
+    target[keys[-1]] = value
+
+
+def every_numeric_key() -> list[str]:
+    return numeric_leaves(shipped())
+
+
+def test_the_shipped_file_has_numbers_in_every_section_we_check() -> None:
+    sections = {path.split(".")[0] for path in every_numeric_key()}
+    assert sections == {"inventory", "detection", "rewrites", "storage", "reclaim", "scoring", "agent"}
+
+
+@pytest.mark.parametrize("key_path", every_numeric_key())
+@pytest.mark.parametrize("bad", [".nan", ".inf", "-.inf"])
+def test_nan_and_infinity_are_refused_naming_the_key(key_path: str, bad: str) -> None:
+    document = shipped()
+    set_path(document, key_path, "__BAD__")
+    text = yaml.safe_dump(document).replace("__BAD__", bad)
+    with pytest.raises(ConfigError) as caught:
+        parse_policy_text(text, "pol.yaml")
+    assert caught.value.key_path == key_path
+    assert "finite" in caught.value.problem or "integer" in caught.value.problem
+
+
+@pytest.mark.parametrize("gres", ["gpu", "mps", "gpu:a100", "shard:1", ""])
+def test_shard_gres_must_be_the_sharing_gres(gres: str) -> None:
+    document = shipped()
+    document["inventory"]["shard_gres"] = gres
+    with pytest.raises(ConfigError) as caught:
+        parse(document)
+    assert caught.value.key_path == "inventory.shard_gres" and "shard" in caught.value.problem
+
+
+# --------------------------------------------------------------------------- issue 12.6: the signal rung
+
+
+@pytest.mark.parametrize("signal", ["TERM", "SIGKILL", "int", "HUP", "QUIT", "ABRT", "ALRM", "STOP", "XCPU"])
+def test_a_signal_that_ends_the_job_needs_cancel_enabled(signal: str) -> None:
+    document = shipped()
+    document["reclaim"]["signal"] = signal
+    with pytest.raises(ConfigError) as caught:
+        parse(document)
+    assert caught.value.key_path == "reclaim.signal"
+    assert "reclaim.defaults.ladder.fake_busy" in caught.value.problem and "cancel_enabled" in caught.value.problem
+    document["reclaim"]["cancel_enabled"] = True
+    assert parse(document).reclaim.signal == signal.upper().removeprefix("SIG")
+
+
+def test_a_terminating_signal_without_a_signal_rung_is_accepted() -> None:
+    document = shipped()
+    document["reclaim"]["signal"] = "TERM"
+    document["reclaim"]["defaults"]["ladder"]["fake_busy"] = ["notify", "requeue"]
+    assert parse(document).reclaim.signal == "TERM"
+    document["reclaim"]["classes"]["infer"]["ladder"]["idle"] = ["signal"]
+    with pytest.raises(ConfigError, match="reclaim.classes.infer.ladder.idle uses the signal rung"):
+        parse(document)
+
+
+@pytest.mark.parametrize(("signal", "normalised"), [("USR1", "USR1"), ("sigusr2", "USR2"), ("CONT", "CONT")])
+def test_handled_signals_are_accepted(signal: str, normalised: str) -> None:
+    document = shipped()
+    document["reclaim"]["signal"] = signal
+    assert parse(document).reclaim.signal == normalised
+
+
+@pytest.mark.parametrize("signal", ["BOGUS", "USR1; rm -rf /", "10", ""])
+def test_unknown_signal_names_are_refused(signal: str) -> None:
+    document = shipped()
+    document["reclaim"]["signal"] = signal
+    with pytest.raises(ConfigError) as caught:
+        parse(document)
+    assert caught.value.key_path == "reclaim.signal" and "not a signal name" in caught.value.problem
+
+
+# --------------------------------------------------------------------------- unknown keys everywhere
+
+
+@pytest.mark.parametrize("section_path", [
+    "storage", "reclaim", "reclaim.notify", "reclaim.exempt", "reclaim.defaults", "reclaim.defaults.ladder",
+    "reclaim.classes.train", "scoring", "agent", "hook", "rewrites", "rewrites.shard", "rewrites.model_prefer",
+    "inventory", "inventory.gpu_types.t4",
+])
+def test_unknown_keys_are_errors_naming_the_key_path(section_path: str) -> None:
+    document = shipped()
+    target = document
+    for key in section_path.split("."):
+        target = target[key]
+    target["colour"] = "red"
+    with pytest.raises(ConfigError) as caught:
+        parse(document)
+    assert caught.value.key_path == section_path and "unknown key(s) colour" in caught.value.problem
+
+
+def test_the_publisher_writes_the_file_the_hook_reads() -> None:
+    document = shipped()
+    document["rewrites"]["model_prefer"]["published_features_file"] = "/srv/aigc/listing.txt"
+    del document["scoring"]["published_features_file"]
+    assert parse(document).scoring.published_features_file == "/srv/aigc/listing.txt"  # one setting, one default
+    document["scoring"]["published_features_file"] = None
+    assert parse(document).scoring.published_features_file is None  # explicitly: write no listing

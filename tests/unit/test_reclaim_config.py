@@ -81,7 +81,7 @@ def test_signal_name_is_normalised() -> None:
 
 
 def test_explicit_missing_file_is_an_error(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="no such file"):
+    with pytest.raises(ConfigError, match="nope.yaml: no such file"):
         load_reclaim_config(tmp_path / "nope.yaml")
 
 
@@ -101,3 +101,26 @@ def test_shipped_policy_parses_and_is_dry_run() -> None:
     config = load_reclaim_config(path)
     assert config.dry_run is True
     assert "interactive" in config.exempt.classes
+
+
+@pytest.mark.parametrize("key", ["cooldown_s", "poll_interval_s", "gap_intervals", "stale_intervals"])
+@pytest.mark.parametrize("bad", [".nan", ".inf"])
+def test_the_controller_refuses_nan_and_infinity(tmp_path: Path, key: str, bad: str) -> None:
+    # `cooldown_s: .nan` stepped the ladder every tick; `poll_interval_s: .nan` disabled the stale guard.
+    path = tmp_path / "policy.yaml"
+    path.write_text(f"reclaim:\n  {key}: {bad}\n")
+    with pytest.raises(ConfigError, match=rf"reclaim\.{key}: expected a finite number"):
+        load_reclaim_config(path)
+
+
+def test_per_class_numbers_refuse_nan_too() -> None:
+    with pytest.raises(ConfigError, match=r"reclaim.classes.infer.idle_util_pct: expected a finite number"):
+        parse({"classes": {"infer": {"idle_util_pct": float("nan")}}})
+    with pytest.raises(ConfigError, match=r"reclaim.defaults.min_samples: expected an integer >= 1"):
+        parse({"defaults": {"min_samples": 0}})
+
+
+def test_inventory_shards_come_from_the_same_read(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text("inventory: {gpu_types: {l4: {memory_gib: 24, shards_per_gpu: 24}}}\nreclaim: {}\n")
+    assert load_reclaim_config(path).shards_per_gpu == {"l4": 24}

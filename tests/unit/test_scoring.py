@@ -8,8 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from slurm_aigc.errors import ConfigError
+from slurm_aigc.policy.paths import shipped_policy
 from slurm_aigc.telemetry import scoring
-from slurm_aigc.telemetry.config import DEFAULT_SCORING_YAML, parse_scoring_section
+from slurm_aigc.telemetry.config import parse_scoring_section
 from slurm_aigc.telemetry.scoring import (
     IslandUse,
     NodeView,
@@ -115,13 +116,13 @@ def section(value: object) -> Node:
 
 
 def test_documented_default_yaml_parses_to_the_defaults() -> None:
-    document = yaml.safe_load(DEFAULT_SCORING_YAML)
+    document = yaml.safe_load(shipped_policy().read_text())
     parsed = parse_scoring_section(section(document["scoring"]))
     defaults = parse_scoring_section(section(None))
     assert parsed.policy_weights() == defaults.policy_weights()
     assert (parsed.weight_min, parsed.weight_max, parsed.hysteresis) == (defaults.weight_min, defaults.weight_max,
                                                                         defaults.hysteresis)
-    assert parsed.serving_classes == ("infer", "serve")
+    assert parsed.serving_classes == ("infer", "imagegen")
 
 
 @pytest.mark.parametrize(
