@@ -5,6 +5,8 @@ the agents ran, the jobs' `job_gpu_samples` (read by `slurm_aigc.report.samples`
 workload row per finished GPU job, so the what-if ("what would this policy have done to last
 week?") replays the site's real mix. What sacct cannot tell is a documented parameter of
 `FromSacctParams`; every job left out is reported with the reason, never dropped silently.
+Where no agent ran, Slurm 23.02+'s own `gres/gpuutil`/`gres/gpumem` accounting (NVML
+autodetection on) stands in for the samples' utilization and memory (22.05 has neither).
 """
 
 from __future__ import annotations
@@ -141,8 +143,8 @@ def _job(job_id: str, runs: Sequence[JobRecord], samples: Sequence[SampleSlice],
         profile=profile,
         requeue_profile=profile,
         gpus_used=_gpus_used(samples, gpus, params),
-        mem_used_gib_per_gpu=min(vram, round(_peak_mem_gib(samples), 1)),
-        util_pct=round(_busy_util(samples, params), 1),
+        mem_used_gib_per_gpu=min(vram, round(_peak_mem_gib(samples) or _sacct_mem_gib(last), 1)),
+        util_pct=round(_busy_util(samples, params, last), 1),
         tags=format_tags(pairs),
         share=share if share in ("yes", "no") else "",
         nvlink=tags.get("nvlink", "") if tags.get("nvlink") in ("yes", "no") else "",
@@ -170,7 +172,7 @@ def _vram(record: JobRecord, tags: Mapping[str, str], samples: Sequence[SampleSl
             pass
     if record.tres.gpus == 0 and record.tres.shards:
         return float(math.ceil(record.tres.shards / params.shards_per_gib))
-    peak = _peak_mem_gib(samples)
+    peak = _peak_mem_gib(samples) or _sacct_mem_gib(record)
     if peak > 0:
         return float(math.ceil(peak * params.vram_headroom))
     return params.default_vram_gib
@@ -180,9 +182,21 @@ def _peak_mem_gib(samples: Sequence[SampleSlice]) -> float:
     return max((s.memory_used_mib or 0.0 for s in samples), default=0.0) / MIB_PER_GIB
 
 
-def _busy_util(samples: Sequence[SampleSlice], params: FromSacctParams) -> float:
+def _sacct_mem_gib(record: JobRecord) -> float:
+    """Per-GPU peak from Slurm's `gres/gpumem` (23.02+ with NVML autodetection), 0 when not recorded."""
+    if record.sacct_gpu_mem_mib is None:
+        return 0.0
+    return record.sacct_gpu_mem_mib / max(record.tres.gpus, 1) / MIB_PER_GIB
+
+
+def _busy_util(samples: Sequence[SampleSlice], params: FromSacctParams, record: JobRecord | None = None) -> float:
+    """Mean of the busy samples; without agent samples Slurm's `gres/gpuutil` (23.02+), else the default."""
     busy = [s.sm_util_pct for s in samples if s.sm_util_pct is not None and s.sm_util_pct >= params.busy_util_pct]
-    return min(100.0, sum(busy) / len(busy)) if busy else params.default_util_pct
+    if busy:
+        return min(100.0, sum(busy) / len(busy))
+    if not samples and record is not None and record.sacct_gpu_util_pct is not None:
+        return record.sacct_gpu_util_pct
+    return params.default_util_pct
 
 
 def _gpus_used(samples: Sequence[SampleSlice], gpus: int, params: FromSacctParams) -> int:

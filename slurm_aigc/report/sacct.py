@@ -1,41 +1,38 @@
-"""Reading job allocations from slurmdbd through `sacct` (via the Slurm boundary).
+"""Reading job allocations from slurmdbd through `sacct --json` (via the Slurm boundary).
 
-We ask for an explicit field list with `--parsable2` and an ASCII unit separator as the
-delimiter, because job comments may hold `|` and even newlines. The header must match the
-fields we asked for (case-insensitive; 22.05 and 24.11 spell them alike), and every data
-row becomes either a `JobRecord` or a `SkippedRow` with the reason: nothing is dropped
-silently. Long ranges are read window by window so that one sacct answer stays small.
+Why JSON: the job name, comment and work directory are user text. Any delimiter sacct
+can print (`|`, `--delimiter=X`, even an ASCII unit separator) can be typed into
+`sbatch --comment` together with a newline, so with `--parsable2` a comment could close
+its own row and add a whole record (192 GPU-hours charged to another user). In
+`sacct --json` (22.05's `dbv0.0.38` and 23.02+'s data_parser alike) user text is a quoted
+string value and cannot leave it. Every record becomes either a `JobRecord` or a
+`SkippedRow` with the reason: nothing is dropped silently. Long ranges are read window by
+window so that one sacct answer stays small.
+
+Slurm 23.02+ with NVML autodetection records `gres/gpuutil` and `gres/gpumem` per step
+(`TRESUsageInAve`/`TRESUsageInMax`, JSON `steps[].tres.requested`); they are read into
+`sacct_gpu_util_pct`/`sacct_gpu_mem_mib` for reports to use where agent samples are missing.
+22.05 records neither (those stay None).
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, tzinfo
 from typing import Protocol
 
+from slurm_aigc import slurmjson
 from slurm_aigc.errors import AigcError, SlurmCommandError, SlurmParseError
 from slurm_aigc.report.tres import Tres, TresParseError, parse_tres
 from slurm_aigc.tags import trusted_class
 
 log = logging.getLogger(__name__)
 
-# Every field exists in sacct 22.05 and 24.11 (`Restarts` does not in 22.05: requeues are
-# counted from the `--duplicates` records instead). The free-text fields sit before a
-# field that is always a number (ElapsedRaw), so a comment holding a newline leaves its
-# first physical line short of fields and the reader joins the next one.
-FIELDS: tuple[str, ...] = (
-    "JobID", "JobIDRaw", "JobName", "User", "Account", "Partition", "QOS", "State",
-    "Submit", "Eligible", "Start", "End", "AllocTRES", "NodeList",
-    "AdminComment", "Comment", "ElapsedRaw",
-)
-# ASCII unit separator: cannot be typed into a comment by `sbatch --comment`.
-DELIMITER = "\x1f"
 UNKNOWN_CLASS = "unknown"
 REQUEUE_STATES = frozenset({"REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"})
-_TIME_NONE = frozenset({"", "Unknown", "None", "N/A"})
 
 
 class SacctRunner(Protocol):
@@ -76,7 +73,9 @@ class JobRecord:
     comment: str
     admin_comment: str
     aigc_class: str
-    line_no: int = 0
+    line_no: int = 0  # the record's position in sacct's `jobs` list (1-based)
+    sacct_gpu_util_pct: float | None = None  # Slurm 23.02+ gres/gpuutil, per allocated GPU (see _gpu_usage)
+    sacct_gpu_mem_mib: float | None = None  # Slurm 23.02+ gres/gpumem, peak per step
 
     @property
     def requeued(self) -> bool:
@@ -96,7 +95,7 @@ class JobRecord:
 
 @dataclass(frozen=True)
 class SkippedRow:
-    """A row of sacct output we could not use, with why; `source` names the sacct call."""
+    """A sacct record we could not use, with why; `line_no` is its position, `source` names the sacct call."""
 
     line_no: int
     raw: str
@@ -129,8 +128,7 @@ def aigc_class_of(admin_comment: str) -> str:
 def sacct_args(start: datetime, end: datetime, query: SacctQuery) -> list[str]:
     """Arguments of one `sacct` call for the window [start, end)."""
     args = [
-        "--allocations", "--duplicates", "--parsable2", "--noconvert",
-        f"--delimiter={DELIMITER}", f"--format={','.join(FIELDS)}",
+        "--allocations", "--duplicates", "--json",
         f"--starttime={_slurm_time(start)}", f"--endtime={_slurm_time(end)}",
     ]
     args += [f"--user={','.join(query.users)}"] if query.users else ["--allusers"]
@@ -162,108 +160,99 @@ def windows(since: datetime, until: datetime, chunk: timedelta) -> list[tuple[da
 
 
 def parse_sacct_output(text: str, *, tz: tzinfo | None = None, source: str = "") -> Iterator[Row]:
-    """Parse `sacct -P --delimiter=US --format=FIELDS` output into records and skipped rows.
+    """Parse `sacct --json` output into records and skipped records.
 
-    Raises SlurmParseError when the header is not the field list we asked for: then no row
-    can be trusted. A comment holding newlines spans several physical lines; those are
-    joined until the row has all its fields.
+    Raises SlurmParseError when the answer is not sacct's JSON (then nothing can be
+    trusted). JSON times are epoch seconds, so `tz` is not needed; it is accepted for
+    callers that pass it.
     """
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    if not lines:
-        raise SlurmParseError(f"{source or 'sacct'}: empty output, expected a header line")
-    _check_header(lines[0], source)
-    for line_no, raw in _logical_rows(list(enumerate(lines[1:], start=2)), len(FIELDS)):
-        yield _row(line_no, raw, tz, source)
+    what = source or "sacct --json"
+    data = slurmjson.load(text, what)
+    for index, job in enumerate(slurmjson.records(data, "jobs", what), start=1):
+        yield _row(index, job, source)
 
 
-def _check_header(line: str, source: str) -> None:
-    got = [name.strip().lower() for name in line.split(DELIMITER)]
-    want = [name.lower() for name in FIELDS]
-    if got != want:
-        raise SlurmParseError(f"{source or 'sacct'}: header {line!r} does not match the requested fields {','.join(FIELDS)}")
-
-
-def _logical_rows(lines: list[tuple[int, str]], width: int) -> Iterator[tuple[int, str]]:
-    """Join physical lines into rows of `width` fields.
-
-    A line that cannot begin a whole row (too many fields, or the output ends first) is
-    yielded alone, so `_row` reports it, and the lines after it are read again.
-    """
-    pending = deque(lines)
-    buffer: list[tuple[int, str]] = []
-    while pending or buffer:
-        if not pending:
-            yield buffer[0]
-            pending.extend(buffer[1:])
-            buffer = []
-            continue
-        line_no, text = pending.popleft()
-        if not buffer and text.strip() == "":
-            continue  # a blank line outside a row carries no data
-        buffer.append((line_no, text))
-        joined = "\n".join(t for _, t in buffer)
-        count = joined.count(DELIMITER) + 1
-        if count == width:
-            yield buffer[0][0], joined
-            buffer = []
-        elif count > width:
-            yield buffer[0]
-            pending.extendleft(reversed(buffer[1:]))
-            buffer = []
-
-
-def _row(line_no: int, raw: str, tz: tzinfo | None, source: str) -> Row:
-    values = raw.split(DELIMITER)
-    if len(values) != len(FIELDS):
-        reason = f"{len(values)} fields, expected {len(FIELDS)}"
-        return SkippedRow(line_no, raw, reason, source)
-    row = dict(zip(FIELDS, values))
+def _row(index: int, job: slurmjson.JsonObject, source: str) -> Row:
     try:
-        return _record(line_no, row, tz)
-    except (RowError, TresParseError) as error:
-        return SkippedRow(line_no, raw, str(error), source)
+        return _record(index, job)
+    except (RowError, TresParseError, SlurmParseError) as error:
+        return SkippedRow(index, json.dumps(job, ensure_ascii=False)[:2000], str(error), source)
 
 
-def _record(line_no: int, row: dict[str, str], tz: tzinfo | None) -> JobRecord:
-    if "." in row["JobIDRaw"] or "." in row["JobID"]:
-        raise RowError(f"job step {row['JobID']}: steps are not counted (allocation records only)")
-    if not row["JobIDRaw"] or not row["State"]:
-        raise RowError("empty JobIDRaw or State")
-    submit_ts = _timestamp("Submit", row["Submit"], tz)
+def _record(index: int, job: slurmjson.JsonObject) -> JobRecord:
+    t, n = slurmjson.text, slurmjson.number
+    raw_id = n(job.get("job_id"))
+    state = slurmjson.job_state((job.get("state") or {}).get("current"))
+    if not raw_id or not state:
+        raise RowError("no job_id or state")
+    times = job.get("time") or {}
+    submit_ts = _timestamp(times.get("submission"))
     if submit_ts is None:
-        raise RowError(f"Submit {row['Submit']!r}: every job has a submit time")
+        raise RowError(f"job {raw_id}: no submit time (every job has one)")
+    comments = job.get("comment") or {}
+    alloc = slurmjson.tres_text((job.get("tres") or {}).get("allocated"))
+    admin_comment = t(comments.get("administrator"))
+    tres = parse_tres(alloc)
+    util, mem = _gpu_usage(job.get("steps") or [], tres.gpus)
     return JobRecord(
-        job_id=row["JobID"], job_id_raw=row["JobIDRaw"], name=row["JobName"], user=row["User"],
-        account=row["Account"], partition=row["Partition"], qos=row["QOS"],
-        state=row["State"].split(" ", 1)[0].rstrip("+"),
-        submit_ts=submit_ts, eligible_ts=_timestamp("Eligible", row["Eligible"], tz),
-        start_ts=_timestamp("Start", row["Start"], tz), end_ts=_timestamp("End", row["End"], tz),
-        elapsed_s=_elapsed(row["ElapsedRaw"]), tres=parse_tres(row["AllocTRES"]),
-        alloc_tres=row["AllocTRES"], node_list=_none_empty(row["NodeList"]),
-        comment=row["Comment"], admin_comment=row["AdminComment"],
-        aigc_class=aigc_class_of(row["AdminComment"]), line_no=line_no,
+        job_id=_display_id(job, raw_id), job_id_raw=str(raw_id), name=t(job.get("name")), user=t(job.get("user")),
+        account=t(job.get("account")), partition=t(job.get("partition")), qos=t(job.get("qos")),
+        state=state.split(" ", 1)[0].rstrip("+"),
+        submit_ts=submit_ts, eligible_ts=_timestamp(times.get("eligible")),
+        start_ts=_timestamp(times.get("start")), end_ts=_timestamp(times.get("end")),
+        elapsed_s=n(times.get("elapsed")) or 0, tres=tres, alloc_tres=alloc,
+        node_list=_none_empty(t(job.get("nodes"))), comment=t(comments.get("job")), admin_comment=admin_comment,
+        aigc_class=aigc_class_of(admin_comment), line_no=index, sacct_gpu_util_pct=util, sacct_gpu_mem_mib=mem,
     )
 
 
-def _timestamp(name: str, value: str, tz: tzinfo | None) -> float | None:
-    """sacct's `YYYY-MM-DDTHH:MM:SS` in the sacct process's time zone -> epoch seconds."""
-    if value.strip() in _TIME_NONE:
+def _display_id(job: slurmjson.JsonObject, raw_id: int) -> str:
+    """sacct's JobID: `ARRAY_TASK` for an array task, `HET+OFFSET` for a het component, else the id."""
+    array, het = job.get("array") or {}, job.get("het") or {}
+    array_id, task = slurmjson.number(array.get("job_id")), slurmjson.number(array.get("task_id"))
+    if array_id:
+        return f"{array_id}_{task}" if task is not None else f"{array_id}_[{slurmjson.text(array.get('task'))}]"
+    het_id, offset = slurmjson.number(het.get("job_id")), slurmjson.number(het.get("job_offset"))
+    if het_id and offset is not None:
+        return f"{het_id}+{offset}"
+    return str(raw_id)
+
+
+def _timestamp(value: object) -> float | None:
+    """Epoch seconds; 0 or unset means the moment has not come (not started, not ended)."""
+    seconds = slurmjson.number(value)
+    return float(seconds) if seconds else None
+
+
+def _gpu_usage(steps: Sequence[slurmjson.JsonObject], gpus: int) -> tuple[float | None, float | None]:
+    """(GPU utilization % per allocated GPU, peak GPU memory MiB) from Slurm 23.02+'s step TRES.
+
+    `gres/gpuutil` is the sum of the SM utilization of a task's processes over its GPUs
+    (gpu/nvml), averaged over the step's tasks (`TRESUsageInAve`): times the tasks and
+    divided by the job's GPUs, capped at 100, it is a per-GPU mean. `gres/gpumem` is in
+    bytes (`TRESUsageInMax`). The busiest step stands for the job. None when no step
+    recorded them (22.05, or no NVML autodetection).
+    """
+    utils: list[float] = []
+    mems: list[int] = []
+    for step in steps:
+        usage = (step.get("tres") or {}).get("requested") or {}
+        tasks = slurmjson.number((step.get("tasks") or {}).get("count")) or 1
+        average = _tres_count(usage.get("average"), "gpuutil")
+        utils += [] if average is None else [average * tasks / max(gpus, 1)]
+        peak = _tres_count(usage.get("max"), "gpumem")
+        mems += [] if peak is None else [peak]
+    util = min(100.0, max(utils)) if utils else None
+    return util, (max(mems) / (1024 * 1024) if mems else None)
+
+
+def _tres_count(items: object, name: str) -> int | None:
+    if not isinstance(items, list):
         return None
-    try:
-        moment = datetime.fromisoformat(value.strip())
-    except ValueError:
-        raise RowError(f"{name} {value!r} is not a time (is SLURM_TIME_FORMAT set?)") from None
-    if moment.tzinfo is None and tz is not None:
-        moment = moment.replace(tzinfo=tz)
-    return moment.timestamp()
-
-
-def _elapsed(value: str) -> int:
-    if not value.strip().isdigit():
-        raise RowError(f"ElapsedRaw {value!r} is not a number of seconds")
-    return int(value)
+    for item in items:
+        if isinstance(item, dict) and item.get("type") == "gres" and item.get("name") == name:
+            return slurmjson.number(item.get("count"))
+    return None
 
 
 def _none_empty(value: str) -> str:
@@ -289,7 +278,7 @@ class SacctReader:
         self._chunk = chunk
 
     def rows(self, query: SacctQuery) -> Iterator[Row]:
-        """`sacct -X -D -P ...` per window; records outside their anchor window are not repeated."""
+        """`sacct -X -D --json ...` per window; records outside their anchor window are not repeated."""
         edges = windows(query.since, query.until, self._chunk) if not query.job_ids else [(query.since, query.until)]
         for index, (start, end) in enumerate(edges):
             args = sacct_args(start, end, query)

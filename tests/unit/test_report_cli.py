@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from slurm_aigc.cli.main import cli
 from slurm_aigc.cli.report import ReportEnv
 from slurm_aigc.db import ActionRecord, JobGpuSample, open_database, transaction
-from slurm_aigc.report.sacct import DELIMITER
+from tests.unit.sacct_json import text_to_json
 from slurm_aigc.slurm import CommandResult, SlurmCli
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sacct"
@@ -28,7 +28,7 @@ class RecordedSacct:
     """Answers every sacct call with a recorded output, as sacct would for a wide window."""
 
     def __init__(self, name: str) -> None:
-        self.text = (FIXTURES / name).read_text(encoding="utf-8").replace("\u241f", DELIMITER)
+        self.text = (FIXTURES / name.replace(".txt", ".json")).read_text(encoding="utf-8")
         self.calls: list[list[str]] = []
 
     def __call__(self, argv: Sequence[str], timeout_s: float, stdin: str | None = None) -> CommandResult:
@@ -78,7 +78,7 @@ def test_json_report_with_samples_and_actions(db_url: str) -> None:
     assert train["jobs_requeued_by_aigc"] == 1 and train["gpu_hours_recovered"] == 3.0
     assert data["total"]["jobs"] == 9
     # The fake repeats its malformed line in each of the four windows; each is reported.
-    assert "4 sacct row(s) skipped" in err and err.count("line 10: 3 fields, expected 17") == 4
+    assert "4 sacct row(s) skipped" in err and err.count("line 9: job 110: no submit time") == 4
 
 
 def test_filters_and_table(db_url: str) -> None:

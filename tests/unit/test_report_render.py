@@ -66,7 +66,7 @@ def test_json_has_groups_total_notes_and_skipped() -> None:
     groups = {(g["group"]["class"], g["group"]["user"]): g for g in data["groups"]}
     assert groups[("train", "aigc-alice")]["efficiency"] == 1.6 / 4.0
     assert data["total"]["jobs"] == 9
-    assert data["skipped"][0]["line_no"] == 10 and "expected 17" in data["skipped"][0]["reason"]
+    assert data["skipped"][0]["line_no"] == 9 and "no submit time" in data["skipped"][0]["reason"]  # sacct --json record 9
 
 
 def test_html_embeds_three_png_plots() -> None:
@@ -79,7 +79,7 @@ def test_html_embeds_three_png_plots() -> None:
 
 def test_skipped_summary_names_line_and_reason() -> None:
     text = render.skipped_summary(sample_report().skipped)
-    assert "1 sacct row(s) skipped" in text and "fixture line 10: 3 fields, expected 17" in text
+    assert "1 sacct row(s) skipped" in text and "fixture line 9: job 110: no submit time" in text
     assert render.skipped_summary(()) == ""
 
 

@@ -1,17 +1,18 @@
-"""sacct output of Slurm 22.05 and 24.11: every row parsed or skipped with its reason."""
+"""sacct --json of Slurm 22.05 and 24.11: every record parsed or skipped with its reason, and no
+user text (name, comment, work directory) can create or alter a record."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from slurm_aigc.errors import SlurmCommandError, SlurmParseError
 from slurm_aigc.report.sacct import (
-    DELIMITER,
-    FIELDS,
     JobRecord,
     SacctQuery,
     SacctReader,
@@ -28,7 +29,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sacct"
 
 
 def fixture_text(name: str) -> str:
-    return (FIXTURES / name).read_text(encoding="utf-8").replace("\u241f", DELIMITER)
+    return (FIXTURES / name).read_text(encoding="utf-8")
 
 
 def parse(name: str) -> tuple[list[JobRecord], list[SkippedRow]]:
@@ -40,20 +41,30 @@ def ts(text: str) -> float:
     return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
 
 
-def line(**values: str) -> str:
-    """One sacct row with defaults for every field not given."""
-    defaults = dict.fromkeys(FIELDS, "")
-    defaults.update(JobID="1", JobIDRaw="1", State="COMPLETED", Submit="2026-11-30T10:00:00",
-                    Start="2026-11-30T10:00:00", End="2026-11-30T11:00:00", ElapsedRaw="3600")
-    defaults.update(values)
-    return DELIMITER.join(defaults[name] for name in FIELDS)
+def job(job_id: int = 1, *, submit: str = "2026-11-30T10:00:00", start: str | None = "2026-11-30T10:00:00",
+        end: str | None = "2026-11-30T11:00:00", **extra: Any) -> dict[str, Any]:
+    """One job of 22.05's `sacct --json` (dbv0.0.38) with defaults for what is not given."""
+    record: dict[str, Any] = {
+        "job_id": job_id, "name": "j", "user": "aigc-alice", "account": "aigc", "partition": "gpu", "qos": "normal",
+        "state": {"current": "COMPLETED", "reason": "None"}, "nodes": "a100-01",
+        "comment": {"administrator": None, "job": "", "system": None},
+        "array": {"job_id": 0, "task_id": None}, "het": {"job_id": 0, "job_offset": None},
+        "time": {"submission": int(ts(submit)), "eligible": int(ts(submit)), "start": int(ts(start)) if start else 0,
+                 "end": int(ts(end)) if end else 0, "elapsed": 3600},
+        "tres": {"allocated": [{"type": "cpu", "name": None, "id": 1, "count": 1},
+                               {"type": "gres", "name": "gpu", "id": 1001, "count": 1}]},
+        "steps": [],
+    }
+    record.update(extra)
+    return record
 
 
-HEADER = DELIMITER.join(FIELDS)
+def sacct_json(*jobs: dict[str, Any]) -> str:
+    return json.dumps({"meta": {}, "errors": [], "jobs": list(jobs)})
 
 
-def test_slurm_22_05_rows() -> None:
-    records, skipped = parse("sacct-22.05.txt")
+def test_slurm_22_05_records() -> None:
+    records, skipped = parse("sacct-22.05.json")
     by_id: dict[str, list[JobRecord]] = {}
     for record in records:
         by_id.setdefault(record.job_id, []).append(record)
@@ -68,22 +79,21 @@ def test_slurm_22_05_rows() -> None:
     cancelled = by_id["109"][0]
     assert (cancelled.state, cancelled.aigc_class) == ("CANCELLED", "batch")  # class from AdminComment
     assert by_id["101"][0].queue_wait_s == 300.0
-    assert [(s.line_no, s.reason) for s in skipped] == [(10, "3 fields, expected 17")]
+    assert by_id["101"][0].sacct_gpu_util_pct is None  # 22.05 records no gres/gpuutil
+    assert [(s.line_no, s.reason) for s in skipped] == [(9, "job 110: no submit time (every job has one)")]
 
 
-def test_comment_with_pipes_and_newline_stays_one_row() -> None:
-    records, _ = parse("sacct-22.05.txt")
+def test_comment_with_pipes_and_newline_stays_one_record() -> None:
+    records, _ = parse("sacct-22.05.json")
     job = next(r for r in records if r.job_id == "108")
     assert job.comment == "run|with|pipes; k=v\nsecond line aigc:type=infer"
     assert job.name == "vae|decode"
     assert job.aigc_class == "unknown"  # a tag in the comment is user text: the class comes from the AdminComment
     assert job.elapsed_s == 1800
-    # The row after it starts on the right line.
-    assert next(r for r in records if r.job_id == "109").line_no == 13
 
 
-def test_slurm_24_11_rows() -> None:
-    records, skipped = parse("sacct-24.11.txt")
+def test_slurm_24_11_records() -> None:
+    records, skipped = parse("sacct-24.11.json")
     ids = [r.job_id for r in records]
     assert ids == ["200_1", "200_2", "210+0", "210+1", "220", "220", "220", "230", "260", "270_[3-5]"]
     array = records[0]
@@ -95,59 +105,42 @@ def test_slurm_24_11_rows() -> None:
     assert multi.comment == "line one\n\nline three|x aigc:type=train\n"
     assert multi.node_list == "a100-[01-02]" and multi.tres.gpus == 8
     pending_array = records[-1]
-    assert pending_array.start_ts is None and pending_array.eligible_ts is None and pending_array.line_no == 16
+    assert pending_array.start_ts is None and pending_array.eligible_ts is None and pending_array.line_no == 12
     reasons = {s.line_no: s.reason for s in skipped}
-    assert set(reasons) == {10, 11}
-    assert "Submit '2026-13-30T06:00:00'" in reasons[10]
-    assert "cpu='one'" in reasons[11]
+    assert reasons == {9: "job 240: no submit time (every job has one)", 10: "expected a number, got 'one'"}
 
 
-@pytest.mark.parametrize("name", ["sacct-22.05.txt", "sacct-24.11.txt"])
-def test_no_row_is_dropped_silently(name: str) -> None:
-    """Every physical line is a header, a record's line, or a skipped row's line."""
-    text = fixture_text(name)
+@pytest.mark.parametrize("name", ["sacct-22.05.json", "sacct-24.11.json", "sacct-22.05-recorded.json"])
+def test_no_record_is_dropped_silently(name: str) -> None:
     records, skipped = parse(name)
-    physical = text.rstrip("\n").split("\n")
-    record_lines = sum(1 + r.comment.count("\n") + r.name.count("\n") for r in records)
-    skipped_lines = sum(1 + s.raw.count("\n") for s in skipped)
-    assert 1 + record_lines + skipped_lines == len(physical)
+    assert len(records) + len(skipped) == len(json.loads(fixture_text(name))["jobs"])
 
 
-def test_header_must_match_requested_fields() -> None:
-    wrong = HEADER.replace("AllocTRES", "ReqTRES")
-    with pytest.raises(SlurmParseError, match="does not match"):
-        list(parse_sacct_output(wrong + "\n" + line() + "\n"))
-    with pytest.raises(SlurmParseError, match="empty output"):
-        list(parse_sacct_output(""))
-    # Case differences between versions are fine.
-    rows = list(parse_sacct_output(HEADER.upper() + "\n" + line() + "\n", tz=UTC))
-    assert isinstance(rows[0], JobRecord)
+def test_not_sacct_json_raises() -> None:
+    with pytest.raises(SlurmParseError, match="not JSON"):
+        list(parse_sacct_output("JobID|JobIDRaw\n1|1\n"))
+    with pytest.raises(SlurmParseError, match="Problem talking"):
+        list(parse_sacct_output('{"errors": [{"error": "Problem talking to the database"}], "jobs": []}'))
+    with pytest.raises(SlurmParseError, match="list of objects"):
+        list(parse_sacct_output('{"errors": [], "jobs": [1]}'))
 
 
-def test_header_only_means_no_jobs() -> None:
-    assert list(parse_sacct_output(HEADER + "\n")) == []
+def test_no_jobs_means_no_records() -> None:
+    assert list(parse_sacct_output(sacct_json())) == []
 
 
-def test_step_rows_are_reported_not_counted() -> None:
-    rows = list(parse_sacct_output("\n".join([HEADER, line(JobID="5.batch", JobIDRaw="5.batch"), line(JobID="5", JobIDRaw="5")]), tz=UTC))
-    assert isinstance(rows[0], SkippedRow) and "job step 5.batch" in rows[0].reason
-    assert isinstance(rows[1], JobRecord) and rows[1].job_id == "5"
+def test_steps_are_not_records() -> None:
+    step = {"step": {"id": "batch", "job_id": 5}, "tres": {"requested": {"average": [], "max": []}}, "tasks": {"count": 1}}
+    rows = list(parse_sacct_output(sacct_json(job(5, steps=[step]))))
+    assert [type(r).__name__ for r in rows] == ["JobRecord"] and rows[0].job_id == "5"  # type: ignore[union-attr]
 
 
-def test_bad_line_does_not_swallow_the_next_one() -> None:
-    too_many = line(JobID="7") + DELIMITER + "extra"
-    short = "8" + DELIMITER + "8"
-    text = "\n".join([HEADER, too_many, line(JobID="9"), short, line(JobID="10"), "trailing"])
-    rows = list(parse_sacct_output(text, tz=UTC))
-    kinds = [(type(r).__name__, r.line_no) for r in rows]
-    assert kinds == [("SkippedRow", 2), ("JobRecord", 3), ("SkippedRow", 4), ("JobRecord", 5), ("SkippedRow", 6)]
-    assert rows[0].reason == "18 fields, expected 17"  # type: ignore[union-attr]
-
-
-def test_non_numeric_elapsed_and_missing_submit_are_reasons() -> None:
-    rows = list(parse_sacct_output("\n".join([HEADER, line(ElapsedRaw="soon"), line(Submit="Unknown")]), tz=UTC))
-    assert [r.reason for r in rows if isinstance(r, SkippedRow)] == [
-        "ElapsedRaw 'soon' is not a number of seconds", "Submit 'Unknown': every job has a submit time"]
+def test_a_bad_record_does_not_touch_its_neighbours() -> None:
+    bad = job(8, tres={"allocated": [{"type": "cpu", "name": None, "count": "many"}]})
+    rows = list(parse_sacct_output(sacct_json(job(7), bad, job(9), job(10, time={"submission": 0}))))
+    assert [(type(r).__name__, r.line_no) for r in rows] == [
+        ("JobRecord", 1), ("SkippedRow", 2), ("JobRecord", 3), ("SkippedRow", 4)]
+    assert [r.job_id for r in rows if isinstance(r, JobRecord)] == ["7", "9"]
 
 
 @pytest.mark.parametrize("admin_comment, expected", [
@@ -165,9 +158,8 @@ def test_sacct_args() -> None:
     query = SacctQuery(since=datetime(2026, 11, 30), until=datetime(2026, 12, 1), users=("aigc-alice",), partitions=("gpu",),
                        names=("a", "b"))
     args = sacct_args(query.since, query.until, query)
-    assert {"--allocations", "--duplicates", "--parsable2", "--noconvert", "--user=aigc-alice", "--partition=gpu", "--name=a,b"} <= set(args)
-    assert f"--delimiter={DELIMITER}" in args
-    assert f"--format={','.join(FIELDS)}" in args
+    assert {"--allocations", "--duplicates", "--json", "--user=aigc-alice", "--partition=gpu", "--name=a,b"} <= set(args)
+    assert not any(a.startswith(("--parsable", "--delimiter", "--format")) for a in args)
     assert "--starttime=2026-11-30T00:00:00" in args and "--endtime=2026-12-01T00:00:00" in args
     assert "--allusers" in sacct_args(query.since, query.until, SacctQuery(query.since, query.until))
 
@@ -180,11 +172,30 @@ def test_windows() -> None:
         windows(datetime(2026, 11, 30), datetime(2026, 12, 1), timedelta(0))
 
 
-class FakeSacct:
-    """A runner that behaves like sacct -S/-E on a list of jobs: lists each job that ran
-    (or waited) during the window, as the real one does."""
+# sacct -P's field names and how each is printed from a JSON job (for FakeSacct's text mode).
+_TEXT_FIELDS = {
+    "JobID": lambda j: str(j["job_id"]), "JobIDRaw": lambda j: str(j["job_id"]), "JobName": lambda j: j["name"],
+    "User": lambda j: j["user"], "Account": lambda j: j["account"], "Partition": lambda j: j["partition"],
+    "QOS": lambda j: j["qos"], "State": lambda j: j["state"]["current"],
+    "Submit": lambda j: _iso(j["time"]["submission"]), "Eligible": lambda j: _iso(j["time"]["eligible"]),
+    "Start": lambda j: _iso(j["time"]["start"]), "End": lambda j: _iso(j["time"]["end"]),
+    "AllocTRES": lambda j: ",".join(f"{t['type']}/{t['name']}={t['count']}" if t["name"] else f"{t['type']}={t['count']}"
+                                    for t in j["tres"]["allocated"]),
+    "NodeList": lambda j: j["nodes"], "AdminComment": lambda j: j["comment"]["administrator"] or "",
+    "Comment": lambda j: j["comment"]["job"], "ElapsedRaw": lambda j: str(j["time"]["elapsed"]),
+}
 
-    def __init__(self, jobs: Sequence[dict[str, str]]) -> None:
+
+def _iso(epoch: int) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%S") if epoch else "Unknown"
+
+
+class FakeSacct:
+    """Behaves like sacct -S/-E on a list of jobs: lists each job that ran (or waited) during
+    the window, printed as asked: `--json`, or `--parsable2 --delimiter=D --format=F` text
+    where (as in the real sacct) a comment is printed as the user wrote it."""
+
+    def __init__(self, jobs: Sequence[dict[str, Any]]) -> None:
         self.jobs = jobs
         self.calls: list[list[str]] = []
 
@@ -192,21 +203,21 @@ class FakeSacct:
         self.calls.append(list(argv))
         opts = dict(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)
         lo, hi = ts(opts["--starttime"]), ts(opts["--endtime"])
-        rows = [HEADER]
-        for job in self.jobs:
-            start = ts(job["Start"]) if job["Start"] != "Unknown" else ts(job["Submit"])
-            end = ts(job["End"]) if job["End"] != "Unknown" else float("inf")
-            if start < hi and end >= lo:
-                rows.append(line(**job))
+        listed = [j for j in self.jobs
+                  if (j["time"]["start"] or j["time"]["submission"]) < hi and (j["time"]["end"] or float("inf")) >= lo]
+        if "--json" in argv:
+            return CommandResult(tuple(argv), 0, sacct_json(*listed), "")
+        fields, delimiter = opts["--format"].split(","), opts.get("--delimiter", "|")
+        rows = [delimiter.join(fields)] + [delimiter.join(_TEXT_FIELDS[f](j) for f in fields) for j in listed]
         return CommandResult(tuple(argv), 0, "\n".join(rows) + "\n", "")
 
 
 def test_reader_reads_by_window_and_yields_each_record_once() -> None:
     jobs = [
-        {"JobID": "1", "JobIDRaw": "1", "Submit": "2026-11-29T20:00:00", "Start": "2026-11-29T22:00:00", "End": "2026-11-30T02:00:00"},
-        {"JobID": "2", "JobIDRaw": "2", "Submit": "2026-11-30T10:00:00", "Start": "2026-11-30T23:00:00", "End": "2026-12-02T01:00:00"},
-        {"JobID": "3", "JobIDRaw": "3", "Submit": "2026-12-01T05:00:00", "Start": "2026-12-01T05:00:00", "End": "Unknown"},
-        {"JobID": "4", "JobIDRaw": "4", "Submit": "2026-12-01T07:00:00", "Start": "Unknown", "End": "Unknown"},
+        job(1, submit="2026-11-29T20:00:00", start="2026-11-29T22:00:00", end="2026-11-30T02:00:00"),
+        job(2, submit="2026-11-30T10:00:00", start="2026-11-30T23:00:00", end="2026-12-02T01:00:00"),
+        job(3, submit="2026-12-01T05:00:00", start="2026-12-01T05:00:00", end=None),
+        job(4, submit="2026-12-01T07:00:00", start=None, end=None),
     ]
     fake = FakeSacct(jobs)
     reader = SacctReader(SlurmCli(runner=fake), tz=UTC, chunk=timedelta(hours=12))
@@ -214,6 +225,39 @@ def test_reader_reads_by_window_and_yields_each_record_once() -> None:
     assert len(fake.calls) == 5
     assert sorted(r.job_id for r in rows if isinstance(r, JobRecord)) == ["1", "2", "3", "4"]
     assert all(call[0] == "sacct" for call in fake.calls)
+
+
+# A comment that closes its own row and adds a record: 8 GPUs for 24 h (192 GPU-hours) on aigc-bob's
+# vip account, in the delimiter the old reader used (0x1F, typeable with printf) and in plain `|`.
+def _forged_comment(delimiter: str) -> str:
+    forged = ["666", "666", "forged", "aigc-bob", "vip", "gpu", "normal", "COMPLETED", "2026-11-30T10:00:00",
+              "2026-11-30T10:00:00", "2026-11-30T10:00:00", "2026-12-01T10:00:00", "cpu=8,gres/gpu=8,gres/gpu:a100=8",
+              "a100-01", "aigc_class=train", ""]
+    return "x" + delimiter + "60\n" + delimiter.join(forged)
+
+
+@pytest.mark.parametrize("delimiter", ["\x1f", "|", "\u241f"])
+def test_forged_comment_cannot_add_or_alter_a_record(delimiter: str) -> None:
+    victim = job(1, user="aigc-alice", account="aigc", comment={"administrator": None, "job": _forged_comment(delimiter), "system": None},
+                 name="exp" + delimiter + "1\nJobId=666")
+    reader = SacctReader(SlurmCli(runner=FakeSacct([victim])), tz=UTC)
+    rows = list(reader.rows(SacctQuery(since=datetime(2026, 11, 30), until=datetime(2026, 12, 1))))
+    assert [(type(r).__name__, getattr(r, "job_id", None)) for r in rows] == [("JobRecord", "1")]
+    (record,) = rows
+    assert isinstance(record, JobRecord)
+    assert (record.user, record.account, record.tres.gpus, record.elapsed_s) == ("aigc-alice", "aigc", 1, 3600)
+    assert record.comment == _forged_comment(delimiter) and record.name == "exp" + delimiter + "1\nJobId=666"
+
+
+def test_gpuutil_and_gpumem_from_slurm_23_02_step_tres() -> None:
+    """23.02+ with NVML autodetection: gres/gpuutil (task sum, averaged over tasks) and gres/gpumem (bytes)."""
+    records, _ = parse("sacct-24.11-gpuutil.json")
+    by_id = {r.job_id: r for r in records}
+    two = by_id["301"]  # one batch task on 2 GPUs: 150 (sum) -> 75 per GPU; 12 GiB peak
+    assert (two.sacct_gpu_util_pct, two.sacct_gpu_mem_mib) == (75.0, 12288.0)
+    four = by_id["302"]  # srun -n4, one GPU each: 40 average per task -> 40 per GPU; busiest step wins
+    assert four.sacct_gpu_util_pct == 40.0
+    assert by_id["303"].sacct_gpu_util_pct is None and by_id["303"].sacct_gpu_mem_mib is None  # not recorded
 
 
 def test_reader_raises_on_sacct_failure() -> None:
@@ -226,8 +270,8 @@ def test_reader_raises_on_sacct_failure() -> None:
 
 
 def test_recorded_22_05_output_of_the_local_cluster() -> None:
-    """Recorded from the local cluster's slurmdbd (Debian 12, Slurm 22.05.8) with our exact arguments."""
-    records, skipped = parse("sacct-22.05-recorded.txt")
+    """The jobs recorded from the local cluster's slurmdbd (Debian 12, Slurm 22.05.8), in sacct --json's shape."""
+    records, skipped = parse("sacct-22.05-recorded.json")
     assert skipped == []
     states = [(r.job_id, r.state) for r in records]
     assert [s for j, s in states if j == "915"] == ["REQUEUED", "COMPLETED"]  # requeued: two records
@@ -241,25 +285,35 @@ def test_recorded_22_05_output_of_the_local_cluster() -> None:
     assert next(r for r in records if r.job_id == "73").tres.gpus == 0
 
 
-def test_running_jobs_take_their_comment_from_slurmctld() -> None:
-    """22.05's slurmdbd has no comment for a job that started at once until it ends."""
-    records, _ = parse("sacct-22.05-recorded.txt")
+def _live(comment: str, admin_comment: str) -> Any:
+    """A runner answering `SlurmCli.job` as Slurm 22.05 does (`squeue --json`)."""
     asked: list[list[str]] = []
 
-    def scontrol(argv: Sequence[str], timeout_s: float, stdin: str | None = None) -> CommandResult:
+    def runner(argv: Sequence[str], timeout_s: float, stdin: str | None = None) -> CommandResult:
         asked.append(list(argv))
-        line = f"JobId={argv[-1]} JobName=rec-long UserId=root(0) JobState=RUNNING Comment=aigc:type=infer AdminComment=aigc_class=infer"
-        return CommandResult(tuple(argv), 0, line + "\n", "")
+        if list(argv) == ["scontrol", "--version"]:
+            return CommandResult(tuple(argv), 0, "slurm-wlm 22.05.8\n", "")
+        entry = {"job_id": 2100, "name": "rec-long", "user_name": "root", "job_state": "RUNNING",
+                 "comment": comment, "admin_comment": admin_comment}
+        return CommandResult(tuple(argv), 0, json.dumps({"jobs": [entry], "errors": []}), "")
 
-    enriched = list(with_live_comments(records, SlurmCli(runner=scontrol)))
+    runner.asked = asked  # type: ignore[attr-defined]
+    return runner
+
+
+def test_running_jobs_take_their_comment_from_slurmctld() -> None:
+    """22.05's slurmdbd has no comment for a job that started at once until it ends."""
+    records, _ = parse("sacct-22.05-recorded.json")
+    runner = _live("aigc:type=infer", "aigc_class=infer")
+    enriched = list(with_live_comments(records, SlurmCli(runner=runner)))
     running = next(r for r in enriched if isinstance(r, JobRecord) and r.job_id == "2100")
     assert (running.comment, running.aigc_class) == ("aigc:type=infer", "infer")
-    assert asked == [["scontrol", "show", "job", "-o", "2100"]]  # finished jobs keep sacct's comment
+    assert runner.asked == [["scontrol", "--version"], ["squeue", "--json"]]  # finished jobs keep sacct's comment
     assert [r.job_id for r in enriched if isinstance(r, JobRecord)] == [r.job_id for r in records]
 
 
 def test_live_comments_are_best_effort() -> None:
-    records, _ = parse("sacct-22.05-recorded.txt")
+    records, _ = parse("sacct-22.05-recorded.json")
 
     def down(argv: Sequence[str], timeout_s: float, stdin: str | None = None) -> CommandResult:
         return CommandResult(tuple(argv), 1, "", "slurm_load_jobs error: Connection reset by peer")

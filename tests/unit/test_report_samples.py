@@ -11,7 +11,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from slurm_aigc.db import ActionRecord, JobGpuSample, open_database, transaction
 from slurm_aigc.report.figures import ReportParams, build_report
 from slurm_aigc.report.records import slices
-from slurm_aigc.report.sacct import DELIMITER, FIELDS, parse_sacct_output
+from slurm_aigc.report.sacct import parse_sacct_output
+from tests.unit.sacct_json import DELIMITER, FIELDS, text_to_json
 from slurm_aigc.report.samples import SampleStore
 
 T0 = datetime(2026, 11, 30, 10, tzinfo=UTC).timestamp()
@@ -85,7 +86,7 @@ def test_report_joins_sacct_and_samples(db: sessionmaker[Session]) -> None:
     add_series(db, "41", 1, times, [20.0] * 360)
     store = SampleStore(db)
     params = ReportParams(T0 - 3600, T0 + 7200, (), tz=UTC)
-    report = build_report(params, parse_sacct_output(text, tz=UTC), store.job_slices(params.since_ts, params.until_ts))
+    report = build_report(params, parse_sacct_output(text_to_json(text), tz=UTC), store.job_slices(params.since_ts, params.until_ts))
     total = report.total
     assert total.gpu_hours_allocated == pytest.approx(3.0)
     assert total.gpu_hours_used == pytest.approx(1.0)
