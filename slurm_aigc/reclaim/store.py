@@ -145,6 +145,15 @@ class ReclaimStore:
         rows.sort(key=lambda r: (r.job_id, r.node, r.gpu_index, r.ts))
         return rows
 
+    def gpu_hours_recovered(self) -> float:
+        """GPU-hours recovered by every action that was done for real (not dry run)."""
+        query = (
+            select(func.coalesce(func.sum(ActionRecord.gpu_hours_recovered), 0.0))
+            .where(ActionRecord.state == "done", ActionRecord.dry_run.is_(False))
+        )
+        with transaction(self._factory) as session:
+            return float(session.scalar(query) or 0.0)
+
     def newest_sample_ts(self) -> float | None:
         """Time of the newest job sample of any job: how fresh the agents' data is."""
         with transaction(self._factory) as session:

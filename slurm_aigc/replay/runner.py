@@ -1,10 +1,13 @@
-"""Runs a workload on the local cluster, as stock Slurm or with slurm-aigc, and collects its records.
+"""Runs a workload on a cluster, as stock Slurm or with slurm-aigc, and collects its records.
 
 The one place with replay side effects: installs the hook (or a pass-through one), starts
 one agent per node and (for slurm-aigc) the controller as subprocesses, submits each job at
 its offset with `sbatch`, waits until every job has ended, then reads what happened from
 sacct and the samples database. Agents run in both modes (observing only in stock mode),
 so both runs' utilization is measured the same way.
+
+The cluster is a `ReplayCluster` handed in by the CLI (the local dev cluster satisfies it),
+and what the daemons recorded is read through the telemetry and reclaim stores.
 """
 
 from __future__ import annotations
@@ -16,39 +19,77 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
-from sqlalchemy import func, select
 
-from slurm_aigc.db import ActionRecord, GpuSample, open_database
+from slurm_aigc.db import open_database
 from slurm_aigc.errors import AigcError, SlurmCommandError
-from slurm_aigc.localcluster.config import NOOP_HOOK_LUA, TEST_USERS
-from slurm_aigc.localcluster.manager import LocalCluster
 from slurm_aigc.policy.install import install_hook
 from slurm_aigc.profiles import Phase, format_phases, total_seconds
+from slurm_aigc.reclaim.store import ReclaimStore
 from slurm_aigc.replay.metrics import END_STATES, JobOutcome, UsageSample
 from slurm_aigc.replay.timescale import replay_policy
 from slurm_aigc.replay.workload import Workload, WorkloadJob
 from slurm_aigc.report.sacct import JobRecord, SacctQuery, SacctReader, SkippedRow
 from slurm_aigc.report.tres import gpu_equivalents
 from slurm_aigc.slurm import SlurmCli
+from slurm_aigc.telemetry.store import TelemetryStore
 
 Progress = Callable[[str], None]
 MODES = ("stock", "aigc")
 SLURM_AIGC_BIN = str(Path(sys.executable).with_name("slurm-aigc"))
 
 
+class ClusterGpuModel(Protocol):
+    @property
+    def gres_type(self) -> str: ...
+
+
+class ClusterNode(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def gpu(self) -> ClusterGpuModel: ...
+    @property
+    def shards_per_gpu(self) -> int: ...
+
+
+class ClusterShape(Protocol):
+    @property
+    def nodes(self) -> Sequence[ClusterNode]: ...
+    @property
+    def total_gpus(self) -> int: ...
+
+
+class ReplayCluster(Protocol):
+    """What a replay needs of a cluster (`slurm_aigc.localcluster.manager.LocalCluster` has it)."""
+
+    slurm: SlurmCli
+    simgpu_dir: Path
+
+    @property
+    def etc_dir(self) -> Path: ...
+    def job_command(self) -> list[str]: ...
+    def shape(self) -> ClusterShape: ...
+
+
 @dataclass(frozen=True)
 class RunSettings:
-    """How one replay run is driven; `policy` is the slurm-aigc policy file for mode aigc."""
+    """How one replay run is driven; `policy` is the slurm-aigc policy file for mode aigc.
+
+    `users` submit the jobs (and have their leftovers cancelled); `passthrough_hook` is the
+    job_submit.lua installed for stock mode.
+    """
 
     mode: str
     policy: Path
     out_dir: Path
+    users: tuple[str, ...]
+    passthrough_hook: str
     agent_interval_s: float = 2.0
     controller_interval_s: float = 3.0
     timeout_s: float = 1800.0
@@ -71,7 +112,7 @@ class RunRecord:
 
 # ---------------------------------------------------------------- pure parts
 
-def user_for(job: WorkloadJob, index: int, users: Sequence[str] = TEST_USERS) -> str:
+def user_for(job: WorkloadJob, index: int, users: Sequence[str]) -> str:
     """The workload's user when it is one of ours, else spread over the test users."""
     return job.user if job.user in users else users[index % len(users)]
 
@@ -155,7 +196,7 @@ def _outcome(job_id: str, rows: list[JobRecord], job_class: str, shards_per_gpu:
 class ReplayRun:
     """One run of a workload in one mode on the local cluster."""
 
-    def __init__(self, workload: Workload, settings: RunSettings, cluster: LocalCluster, progress: Progress) -> None:
+    def __init__(self, workload: Workload, settings: RunSettings, cluster: ReplayCluster, progress: Progress) -> None:
         if settings.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {settings.mode!r}")
         self.workload = workload
@@ -205,7 +246,7 @@ class ReplayRun:
             _run_cli(["policy", "install", "--policy", str(self.policy),
                       "--slurm-conf-dir", str(self.cluster.etc_dir)])
         else:
-            install_hook(NOOP_HOOK_LUA, self.cluster.etc_dir)
+            install_hook(self.settings.passthrough_hook, self.cluster.etc_dir)
         # reconfigure also drops features/weights a previous run's publisher set; the hook must
         # then not prefer model features Slurm no longer has (Slurm rejects such a --prefer).
         self.slurm.reconfigure()
@@ -235,7 +276,8 @@ class ReplayRun:
             if delay > 0:
                 time.sleep(delay)  # the workload's own arrival clock, not a test wait
             try:
-                self.job_ids[job.name] = self.slurm.submit(sbatch_args(job), job_script(job, self.job_command), user=user_for(job, index))
+                self.job_ids[job.name] = self.slurm.submit(sbatch_args(job), job_script(job, self.job_command),
+                                                          user=user_for(job, index, self.settings.users))
             except SlurmCommandError as error:  # a refused job is a result (counted as lost), not a crash
                 self.refused.append(job.name)
                 self.progress(f"{self.settings.mode}: {job.name} refused by sbatch: {error.stderr.strip().splitlines()[-1:]}")
@@ -269,10 +311,11 @@ class ReplayRun:
         self.daemons.clear()
 
     def _cancel_leftovers(self) -> None:
-        for user in TEST_USERS:
+        users = self.settings.users
+        for user in users:
             self.slurm.run("scancel", ["-u", user])
         deadline = time.time() + 60
-        while time.time() < deadline and any(j.user in TEST_USERS and j.state.split()[0] not in END_STATES
+        while time.time() < deadline and any(j.user in users and j.state.split()[0] not in END_STATES
                                              for j in self.slurm.jobs()):
             time.sleep(1)
 
@@ -312,17 +355,9 @@ class ReplayRun:
 
     def _samples(self, started: float) -> tuple[tuple[UsageSample, ...], float]:
         factory = open_database(self.db_url)
-        with factory() as session:
-            rows = session.execute(
-                select(GpuSample.ts, GpuSample.node, GpuSample.gpu_index, GpuSample.sm_util_pct)
-                .where(GpuSample.ts >= started, GpuSample.lost.is_(False))
-            ).all()
-            reclaimed = session.scalar(
-                select(func.coalesce(func.sum(ActionRecord.gpu_hours_recovered), 0.0))
-                .where(ActionRecord.state == "done", ActionRecord.dry_run.is_(False))
-            )
+        rows = TelemetryStore(factory).gpu_utilization_since(started)
         samples = tuple(UsageSample(ts, node, index, util or 0.0) for ts, node, index, util in rows)
-        return samples, float(reclaimed or 0.0)
+        return samples, ReclaimStore(factory).gpu_hours_recovered()
 
 
 def _spawn(args: Sequence[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -336,12 +371,12 @@ def _run_cli(args: Sequence[str]) -> None:
         raise AigcError(f"slurm-aigc {' '.join(args)} failed: {result.stderr.strip()[-600:]}")
 
 
-def run_modes(workload: Workload, modes: Sequence[str], policy: Path, out_dir: Path, cluster: LocalCluster,
-              progress: Progress, timeout_s: float = 1800.0) -> list[RunRecord]:
-    """Run the same workload once per mode, one after the other, on the same cluster."""
+def run_modes(workload: Workload, modes: Sequence[str], settings: RunSettings, cluster: ReplayCluster,
+              progress: Progress) -> list[RunRecord]:
+    """Run the same workload once per mode (`settings.mode` is replaced), one after the other, on the same cluster."""
     records = []
     for mode in modes:
-        settings = RunSettings(mode=mode, policy=policy, out_dir=out_dir, timeout_s=timeout_s)
+        settings = replace(settings, mode=mode)
         progress(f"{mode}: replaying {len(workload.jobs)} jobs")
         records.append(ReplayRun(workload, settings, cluster, progress).run())
     return records

@@ -84,6 +84,15 @@ class TelemetryStore:
         with transaction(self._factory) as session:
             return {node: float(mean) for node, mean in session.execute(query) if mean is not None}
 
+    def gpu_utilization_since(self, since_ts: float) -> list[tuple[float, str, int, float | None]]:
+        """(ts, node, gpu_index, sm_util_pct) of every GPU sample since `since_ts`, lost GPUs skipped (replay metrics)."""
+        query = (
+            select(GpuSample.ts, GpuSample.node, GpuSample.gpu_index, GpuSample.sm_util_pct)
+            .where(GpuSample.ts >= since_ts, GpuSample.lost.is_(False))
+        )
+        with transaction(self._factory) as session:
+            return [(float(ts), node, int(index), util) for ts, node, index, util in session.execute(query)]
+
     def record_publication(self, publication: Publication) -> None:
         """Append one row to `node_publications`."""
         with transaction(self._factory) as session:

@@ -71,8 +71,9 @@ def test_over_allocated_job_loads_only_the_gpus_it_uses(tmp_path: Path) -> None:
 
 
 def test_users_outside_the_test_set_are_spread_over_it() -> None:
-    assert user_for(job(user="aigc-bob"), 0) == "aigc-bob"
-    assert {user_for(job(user="someone"), i) for i in range(4)} == {"aigc-alice", "aigc-bob"}
+    users = ("aigc-alice", "aigc-bob")
+    assert user_for(job(user="aigc-bob"), 0, users) == "aigc-bob"
+    assert {user_for(job(user="someone"), i, users) for i in range(4)} == {"aigc-alice", "aigc-bob"}
 
 
 def sacct_text(rows: list[dict[str, str]]) -> str:
@@ -106,3 +107,28 @@ def test_requeued_job_is_one_outcome_with_both_runs_allocated() -> None:
     eight = outcomes["8"]
     assert eight.gpus == 0.25  # 20 of an a100's 80 shards
     assert eight.allocated_gpu_s == 0.25 * 40
+
+
+def test_run_figures_are_read_through_the_stores(tmp_path: Path) -> None:
+    """The samples and reclaimed GPU-hours a run reports, from the stores' queries."""
+    from slurm_aigc.db import ActionRecord, GpuSample, open_database, transaction
+    from slurm_aigc.reclaim.store import ReclaimStore
+    from slurm_aigc.telemetry.store import TelemetryStore
+
+    factory = open_database(f"sqlite:///{tmp_path}/run.db")
+    with transaction(factory) as session:
+        session.add_all([
+            GpuSample(ts=90.0, node="a100-01", gpu_index=0, sm_util_pct=10.0),  # before the run
+            GpuSample(ts=100.0, node="a100-01", gpu_index=0, sm_util_pct=80.0),
+            GpuSample(ts=100.0, node="a100-01", gpu_index=1, sm_util_pct=None),
+            GpuSample(ts=101.0, node="a100-01", gpu_index=2, sm_util_pct=50.0, lost=True),
+        ])
+        session.add_all([
+            ActionRecord(observation_key=key, ts_intent=100.0, job_id="7", verdict="idle", action="requeue",
+                         state=state, dry_run=dry, gpu_hours_recovered=hours)
+            for key, state, dry, hours in [("a", "done", False, 1.5), ("b", "done", True, 9.0),
+                                           ("c", "failed", False, 9.0), ("d", "done", False, 0.25)]
+        ])
+    assert sorted(TelemetryStore(factory).gpu_utilization_since(100.0), key=lambda r: r[2]) == [
+        (100.0, "a100-01", 0, 80.0), (100.0, "a100-01", 1, None)]
+    assert ReclaimStore(factory).gpu_hours_recovered() == 1.75
