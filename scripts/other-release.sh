@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# Runs the test suite on the OTHER Debian release (bookworm <-> trixie) in a chroot built with
+# debootstrap from this machine's Debian mirror, so every CI run covers Slurm 22.05 and 24.11.
+#
+#   bash scripts/other-release.sh [pytest args...]      (as root; called by scripts/test.sh)
+#   bash scripts/other-release.sh --build-only          (build or check the cached chroot)
+#
+# - The chroot (debootstrap + the cluster's apt packages) is cached under $CACHE, keyed by the
+#   release, the mirror and the package list; a run mounts it read-only under an overlay, so
+#   every run starts from the same pristine tree and nothing a run writes survives it.
+# - The suite runs in its own network, UTS, PID and mount namespaces: its cluster's ports, pids,
+#   /run (munge socket) and /var/lib/slurm-aigc never meet the host's cluster. The namespace has
+#   a veth pair with a private address besides loopback, because Slurm 24.11's daemons resolve
+#   their listen address with AI_ADDRCONFIG, which ignores loopback-only hosts.
+# - When the PID namespace's first process exits, the kernel kills every process left in it,
+#   so no daemon outlives the run; the mount namespace takes /proc, /sys, /dev, /run with it.
+#
+# Exit status: that of the suite inside; 2 when the chroot cannot be built or entered.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TREE=$PWD
+CACHE=${SLURM_AIGC_CHROOT_CACHE:-/var/cache/slurm-aigc}
+RESULTS=${SLURM_AIGC_RESULTS:-/tmp/slurm-aigc-results}
+NS_ADDR=10.213.0.1
+NS_HOST=aigc-chroot
+# What the chroot needs besides the cluster's own packages (those come from manager.APT_PACKAGES).
+BASE_PACKAGES="python3 python3-venv python3-pip ca-certificates git iproute2 procps"
+
+die() { echo "[other-release] FAILED: $*" >&2; exit 2; }
+log() { echo "[other-release] $*" >&2; }
+
+[ "$(id -u)" = 0 ] || die "needs root (debootstrap, chroot, namespaces)"
+command -v unshare >/dev/null || die "unshare (util-linux) is missing"
+
+host_release() {
+    case "$(cut -d. -f1 /etc/debian_version 2>/dev/null)" in
+        12) echo bookworm ;;
+        13) echo trixie ;;
+        *) die "this is not Debian 12 or 13 (/etc/debian_version: $(cat /etc/debian_version 2>/dev/null || echo none))" ;;
+    esac
+}
+
+# The first Debian archive URI configured for the host's release (deb822 or one-line format).
+debian_mirror() {
+    local host=$1 uri
+    uri=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.sources /etc/apt/sources.list.d/*.list 2>/dev/null \
+        | awk -v rel="$host" '
+            /^URIs:/ { u = $2 } /^Suites:/ { for (i = 2; i <= NF; i++) if ($i == rel && u != "") { print u; exit } }
+            /^deb / { for (i = 3; i <= NF; i++) if ($i == rel && $(i - 1) ~ /^http/) { print $(i - 1); exit } }')
+    [ -n "$uri" ] || die "no Debian mirror for $host in /etc/apt/sources.list*"
+    echo "$uri"
+}
+
+cluster_packages() {
+    "$TREE/.venv/bin/python" -c 'from slurm_aigc.localcluster.manager import APT_PACKAGES; print(*APT_PACKAGES)' \
+        || die "cannot read the cluster's package list (run scripts/setup-venv.sh first)"
+}
+
+# Local directories pip's configuration and environment name (find-links, file:// indexes).
+pip_local_dirs() {
+    { cat /etc/pip.conf /root/.config/pip/pip.conf 2>/dev/null; env | grep '^PIP_'; } | tr ' =' '\n\n' \
+        | sed -n 's|^file://||; /^\/[A-Za-z0-9._/-]*$/p' | while read -r path; do
+            path=${path%/simple}; path=${path%/}
+            [ -d "$path" ] && [ "$path" != / ] && echo "$path"
+        done | sort -u
+}
+
+# Debootstrap + apt-get install into $1.tmp, then rename to $1, so a half-built chroot is never used.
+build_chroot() {
+    local root=$1 release=$2 mirror=$3 packages=$4 tmp="$1.tmp" started
+    started=$(date +%s)
+    command -v debootstrap >/dev/null || apt-get install -y -q debootstrap >&2 \
+        || die "debootstrap is missing and apt-get could not install it"
+    rm -rf "$tmp"
+    log "building a $release chroot from $mirror (debootstrap; several minutes, once per package list)"
+    debootstrap --variant=minbase --include="${BASE_PACKAGES// /,}" "$release" "$tmp" "$mirror" >"$CACHE/debootstrap.log" 2>&1 \
+        || { tail -20 "$CACHE/debootstrap.log" >&2; die "debootstrap $release from $mirror failed (log: $CACHE/debootstrap.log)"; }
+    # Debian's postinst scripts would start services; the suite starts its own daemons.
+    printf '#!/bin/sh\nexit 101\n' >"$tmp/usr/sbin/policy-rc.d"
+    chmod 755 "$tmp/usr/sbin/policy-rc.d"
+    cp /etc/resolv.conf "$tmp/etc/resolv.conf"
+    in_namespaces "$tmp" host-net "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $packages && apt-get clean" \
+        >"$CACHE/apt.log" 2>&1 \
+        || { tail -20 "$CACHE/apt.log" >&2; die "apt-get install in the $release chroot failed (log: $CACHE/apt.log)"; }
+    touch "$tmp/.slurm-aigc-complete"
+    mv "$tmp" "$root"
+    log "built $root in $(( $(date +%s) - started )) s"
+    for stale in "$CACHE/chroot-$release"-*; do  # chroots of older package lists or scripts
+        [ "$stale" = "$root" ] || { log "removing the stale $stale"; rm -rf --one-file-system "$stale"; }
+    done
+}
+
+# Runs shell text $3 chrooted in $1 inside new mount+PID namespaces (and, with $2 = own-net, new
+# network+UTS namespaces with a veth pair). /proc, /sys, /dev, /dev/pts, /run are mounted in the
+# private mount namespace, so they disappear with it.
+in_namespaces() {
+    local root=$1 net=$2 command=$3 flags=(--mount --pid --fork --propagation private)
+    [ "$net" = own-net ] && flags+=(--net --uts)
+    unshare "${flags[@]}" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 $(env | grep '^PIP_[A-Z_]*=[^ ]*$') \
+        ROOT="$root" NET="$net" NS_ADDR="$NS_ADDR" NS_HOST="$NS_HOST" COMMAND="$command" \
+        bash -euc '
+        if [ "$NET" = own-net ]; then
+            hostname "$NS_HOST"
+            ip link set lo up
+            ip link add aigc0 type veth peer name aigc1
+            ip addr add "$NS_ADDR/24" dev aigc0
+            ip link set aigc0 up; ip link set aigc1 up
+        fi
+        mount -t proc proc "$ROOT/proc"
+        # Read-only kernel settings: package scripts (procps: sysctl --system) must not tune the host.
+        mount --bind "$ROOT/proc/sys" "$ROOT/proc/sys"
+        mount -o remount,bind,ro "$ROOT/proc/sys"
+        mount -t sysfs -o ro sysfs "$ROOT/sys"
+        mount --rbind /dev "$ROOT/dev"
+        mount -t tmpfs -o mode=1777 tmpfs "$ROOT/dev/shm"
+        mount -t devpts -o newinstance,ptmxmode=0666 devpts "$ROOT/dev/pts"
+        mount -t tmpfs -o mode=755 tmpfs "$ROOT/run"
+        exec chroot "$ROOT" /bin/bash -lc "$COMMAND"'
+}
+
+release=$(host_release)
+case "$release" in bookworm) other=trixie ;; trixie) other=bookworm ;; esac
+mirror=$(debian_mirror "$release")
+packages="$BASE_PACKAGES $(cluster_packages)"
+# The key: what the build depends on (the build functions' code, comments stripped by declare -f).
+key=$(printf '%s\n' "$other" "$mirror" "$packages" "$(declare -f build_chroot in_namespaces)" | sha256sum | cut -c1-12)
+mkdir -p "$CACHE"
+root="$CACHE/chroot-$other-$key"
+exec 9>"$CACHE/chroot-$other.lock"
+flock 9
+if [ ! -f "$root/.slurm-aigc-complete" ]; then
+    build_chroot "$root" "$other" "$mirror" "$packages"
+else
+    log "using the cached $other chroot $root"
+fi
+[ "${1:-}" = --build-only ] && exit 0
+
+run=$(mktemp -d /var/tmp/slurm-aigc-$other.XXXXXX)
+merged="$run/merged"
+binds=()
+cleanup() {
+    for bound in "${binds[@]}"; do umount "$bound" 2>/dev/null || umount -l "$bound" 2>/dev/null || true; done
+    umount "$merged" 2>/dev/null || umount -l "$merged" 2>/dev/null || true
+    rm -rf --one-file-system "$run"  # never into a mount that is still there
+}
+trap cleanup EXIT
+mkdir -p "$run/upper" "$run/work" "$merged"
+mount -t overlay overlay -o "lowerdir=$root,upperdir=$run/upper,workdir=$run/work" "$merged" \
+    || die "cannot mount an overlay on $root"
+
+# The working tree as git sees it (tracked and untracked, not ignored files): no host .venv.
+mkdir -p "$merged/srv/slurm-aigc"
+git -C "$TREE" ls-files -z --cached --others --exclude-standard \
+    | (cd "$TREE" && tar --null --ignore-failed-read -T - -cf - 2>/dev/null) | tar -xf - -C "$merged/srv/slurm-aigc"
+cp /etc/resolv.conf "$merged/etc/resolv.conf"
+printf '127.0.0.1 localhost\n%s %s\n' "$NS_ADDR" "$NS_HOST" >"$merged/etc/hosts"
+echo "$NS_HOST" >"$merged/etc/hostname"
+# pip reaches its index as this machine does: its configuration, its CA bundle (a site's TLS
+# proxy CA included) and, read-only, the local wheel directories and indexes it names.
+[ -f /etc/pip.conf ] && cp /etc/pip.conf "$merged/etc/pip.conf"
+[ -f /root/.config/pip/pip.conf ] && mkdir -p "$merged/root/.config/pip" && cp /root/.config/pip/pip.conf "$merged/root/.config/pip/"
+cp /etc/ssl/certs/ca-certificates.crt "$merged/etc/ssl/certs/ca-certificates.crt"
+for dir in $(pip_local_dirs); do
+    mkdir -p "$merged$dir" && mount --bind -o ro "$dir" "$merged$dir" && binds+=("$merged$dir")
+done
+# pip's cache survives runs.
+mkdir -p "$CACHE/pip-$other" "$merged/root/.cache/pip"
+mount --bind "$CACHE/pip-$other" "$merged/root/.cache/pip" && binds+=("$merged/root/.cache/pip")
+
+started=$(date +%s)
+log "setting up the venv in the $other chroot (host network, for pip)"
+in_namespaces "$merged" host-net "cd /srv/slurm-aigc && bash scripts/setup-venv.sh" \
+    || die "scripts/setup-venv.sh failed in the $other chroot"
+log "running the suite in the $other chroot (own network namespace, $NS_HOST = $NS_ADDR)"
+quoted=$(printf ' %q' "$@")
+set +e
+in_namespaces "$merged" own-net \
+    "cd /srv/slurm-aigc && export SLURM_AIGC_SKIP_OTHER_RELEASE=1 SLURM_AIGC_RESULTS=/var/tmp/aigc-results;
+     bash scripts/test.sh$quoted; rc=\$?; .venv/bin/slurm-aigc cluster down >/dev/null 2>&1; exit \$rc"
+rc=$?
+set -e
+mkdir -p "$RESULTS"
+cp "$merged/var/tmp/aigc-results/summary.txt" "$RESULTS/other-release.txt" 2>/dev/null \
+    || echo "Debian $other (chroot): no result (the suite did not finish)" >"$RESULTS/other-release.txt"
+log "the $other part took $(( $(date +%s) - started )) s, exit $rc"
+exit "$rc"
