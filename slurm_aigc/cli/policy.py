@@ -13,8 +13,8 @@ from slurm_aigc.policy.hookruntime import INFINITE, NO_VAL, HookResult, HookRunt
 from slurm_aigc.policy.install import HOOK_FILE, install_hook
 from slurm_aigc.policy.loader import load_policy
 from slurm_aigc.policy.model import UNKNOWN_CLASS, Policy
-from slurm_aigc.policy.paths import default_policy, slurm_conf_dir
 from slurm_aigc.policy.render import MARKER, render_hook, render_policy_table
+from slurm_aigc.slurm import slurm_conf_dir
 
 POLICY_OPTION = click.option(
     "--policy", "policy_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -23,7 +23,8 @@ POLICY_OPTION = click.option(
 
 
 def _load(policy_path: Path | None) -> Policy:
-    return load_policy(policy_path or default_policy())
+    """--policy, else `$SLURM_AIGC_CONFIG`, /etc/slurm-aigc/slurm-aigc.yaml, the shipped one."""
+    return load_policy(policy_path)
 
 
 @click.group("policy")

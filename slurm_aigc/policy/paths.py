@@ -1,4 +1,4 @@
-"""Where the policy and the installed hook live.
+"""Where the policy file is: `$SLURM_AIGC_CONFIG`, /etc/slurm-aigc/slurm-aigc.yaml, or the shipped one.
 
 The shipped default policy is `etc/slurm-aigc.yaml` of the source tree, or
 `slurm_aigc/data/etc/slurm-aigc.yaml` of an installed wheel; `slurm_aigc.shipped` finds it.
@@ -29,10 +29,3 @@ def default_policy() -> Path:
     if SYSTEM_POLICY.is_file():
         return SYSTEM_POLICY
     return shipped_policy()
-
-
-def slurm_conf_dir() -> Path:
-    """Slurm's config dir, from the Slurm boundary (`$SLURM_CONF`'s directory)."""
-    from slurm_aigc.slurm import slurm_conf_dir as boundary_conf_dir
-
-    return boundary_conf_dir()

@@ -258,3 +258,21 @@ def test_the_publisher_writes_the_file_the_hook_reads() -> None:
     assert parse(document).scoring.published_features_file == "/srv/aigc/listing.txt"  # one setting, one default
     document["scoring"]["published_features_file"] = None
     assert parse(document).scoring.published_features_file is None  # explicitly: write no listing
+
+
+def test_without_any_policy_file_daemons_get_the_model_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_aigc.errors import ShippedFileError
+    from slurm_aigc.policy import loader
+    from slurm_aigc.policy.model import AgentConfig, ReclaimConfig
+
+    def nowhere() -> Path:
+        raise ShippedFileError("etc/slurm-aigc.yaml is not part of this install")
+
+    monkeypatch.setattr(loader, "default_policy", nowhere)
+    monkeypatch.delenv("SLURM_AIGC_SIMGPU_DIR", raising=False)
+    policy = load_policy(hook_sections=False)
+    assert policy.reclaim == ReclaimConfig() and policy.agent == AgentConfig()
+    monkeypatch.setenv("SLURM_AIGC_SIMGPU_DIR", "/srv/simgpu")
+    assert load_policy(hook_sections=False).agent.simgpu_dir == "/srv/simgpu"
+    with pytest.raises(ShippedFileError):
+        load_policy()  # the hook has nothing to render
