@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 
 from slurm_aigc.profiles import total_seconds as profile_seconds
 from slurm_aigc.replay.from_sacct import FromSacctParams, workload_from_sacct
@@ -125,3 +126,22 @@ def test_compression_and_max_jobs() -> None:
 def test_no_usable_jobs_gives_an_empty_workload() -> None:
     workload, omitted = workload_from_sacct(HISTORY[4:5], [])
     assert workload.jobs == () and len(omitted) == 1
+
+
+def test_slurm_gpuutil_and_gpumem_stand_in_for_missing_samples() -> None:
+    """Slurm 23.02+ with NVML autodetection records gres/gpuutil and gres/gpumem per step."""
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "sacct" / "sacct-24.11-gpuutil.json"
+    rows = [r for r in parse_sacct_output(fixture.read_text(encoding="utf-8")) if isinstance(r, JobRecord)]
+    params = FromSacctParams(default_util_pct=80.0, default_vram_gib=16.0)
+    workload, _ = workload_from_sacct(rows, [], params)
+    by_name = {j.name: j for j in workload.jobs}
+    two = by_name["sacct-301"]  # 150 % over 2 GPUs -> 75 %; 12 GiB peak over 2 GPUs -> 6 GiB each
+    assert (two.util_pct, two.mem_used_gib_per_gpu, two.vram_gib_per_gpu) == (75.0, 6.0, 7.0)  # 6 x 1.1 headroom, rounded up
+    assert by_name["sacct-302"].util_pct == 40.0
+    none = by_name["sacct-303"]  # no gres/gpuutil recorded (22.05, or no NVML): the defaults
+    assert (none.util_pct, none.vram_gib_per_gpu) == (80.0, 16.0)
+    # Agent samples, where they exist, win over Slurm's figure.
+    sample = SampleSlice(job_id="301", node="a100-01", gpu_index=0, ts=1796300100.0, duration_s=30.0,
+                         sm_util_pct=50.0, memory_used_mib=1024.0, memory_total_mib=81920.0)
+    sampled, _ = workload_from_sacct(rows, [sample], params)
+    assert next(j for j in sampled.jobs if j.name == "sacct-301").util_pct == 50.0

@@ -28,7 +28,7 @@ class RecordedSacct:
     """Answers every sacct call with a recorded output, as sacct would for a wide window."""
 
     def __init__(self, name: str) -> None:
-        self.text = (FIXTURES / name.replace(".txt", ".json")).read_text(encoding="utf-8")
+        self.text = (FIXTURES / name).read_text(encoding="utf-8")
         self.calls: list[list[str]] = []
 
     def __call__(self, argv: Sequence[str], timeout_s: float, stdin: str | None = None) -> CommandResult:
@@ -65,7 +65,7 @@ def seed(factory: sessionmaker[Session]) -> None:
 
 def test_json_report_with_samples_and_actions(db_url: str) -> None:
     seed(open_database(db_url))
-    sacct = RecordedSacct("sacct-22.05.txt")
+    sacct = RecordedSacct("sacct-22.05.json")
     code, out, err = invoke(sacct, *WINDOW, "--group-by", "class,user", "--format", "json", "--db", db_url, "--chunk-hours", "6")
     assert code == 0, err
     assert len(sacct.calls) == 4  # four 6-hour windows, each record kept once
@@ -82,7 +82,7 @@ def test_json_report_with_samples_and_actions(db_url: str) -> None:
 
 
 def test_filters_and_table(db_url: str) -> None:
-    sacct = RecordedSacct("sacct-24.11.txt")
+    sacct = RecordedSacct("sacct-24.11.json")
     code, out, _ = invoke(sacct, *WINDOW, "--class", "infer", "-u", "aigc-bob", "-g", "gpu_type", "--db", db_url)
     assert code == 0
     assert "--user=aigc-bob" in sacct.calls[0]
@@ -95,19 +95,19 @@ def test_filters_and_table(db_url: str) -> None:
 
 def test_csv_to_output_file(db_url: str, tmp_path: Path) -> None:
     target = tmp_path / "out" / "report.csv"
-    code, _, err = invoke(RecordedSacct("sacct-22.05.txt"), *WINDOW, "-g", "day", "--format", "csv", "--output", str(target), "--db", db_url)
+    code, _, err = invoke(RecordedSacct("sacct-22.05.json"), *WINDOW, "-g", "day", "--format", "csv", "--output", str(target), "--db", db_url)
     assert code == 0 and f"wrote {target}" in err
     table = list(csv.DictReader(io.StringIO(target.read_text())))
     assert [r["day"] for r in table] == ["2026-11-30", "TOTAL"]
 
 
 def test_html_report(db_url: str) -> None:
-    code, out, _ = invoke(RecordedSacct("sacct-22.05.txt"), *WINDOW, "--format", "html", "--db", db_url)
+    code, out, _ = invoke(RecordedSacct("sacct-22.05.json"), *WINDOW, "--format", "html", "--db", db_url)
     assert code == 0 and out.count("data:image/png;base64,") == 3
 
 
 def test_bad_options_exit_2(db_url: str) -> None:
-    sacct = RecordedSacct("sacct-22.05.txt")
+    sacct = RecordedSacct("sacct-22.05.json")
     assert invoke(sacct, *WINDOW, "-g", "qos", "--db", db_url)[0] == 2
     assert invoke(sacct, "--since", "yesterday-ish", "--db", db_url)[0] == 2
     assert invoke(sacct, *WINDOW, "--shards-per-gpu", "a100=lots", "--db", db_url)[0] == 2
@@ -116,7 +116,7 @@ def test_bad_options_exit_2(db_url: str) -> None:
 
 def test_job_view(db_url: str) -> None:
     seed(open_database(db_url))
-    sacct = RecordedSacct("sacct-22.05.txt")
+    sacct = RecordedSacct("sacct-22.05.json")
     code, out, _ = invoke(sacct, "job", "101", "--db", db_url)
     assert code == 0
     assert "--jobs=101" in sacct.calls[0]
@@ -125,7 +125,7 @@ def test_job_view(db_url: str) -> None:
 
 def test_job_view_json_lists_all_segments_and_actions(db_url: str) -> None:
     seed(open_database(db_url))
-    code, out, _ = invoke(RecordedSacct("sacct-22.05.txt"), "job", "104", "--format", "json", "--db", db_url)
+    code, out, _ = invoke(RecordedSacct("sacct-22.05.json"), "job", "104", "--format", "json", "--db", db_url)
     data = json.loads(out)
     assert code == 0
     assert [s["state"] for s in data["segments"]] == ["REQUEUED", "COMPLETED"]

@@ -24,7 +24,7 @@ def ts(text: str) -> float:
 
 
 def rows(name: str) -> list[object]:
-    text = (FIXTURES / name.replace(".txt", ".json")).read_text(encoding="utf-8")
+    text = (FIXTURES / name).read_text(encoding="utf-8")
     return list(parse_sacct_output(text, tz=UTC))
 
 
@@ -44,7 +44,7 @@ def record(job: str, start: str | None, end: str | None, tres: str, *, cls: str 
 
 
 def test_slurm_22_05_figures_by_class() -> None:
-    report = build_report(params("class"), rows("sacct-22.05.txt"))  # type: ignore[arg-type]
+    report = build_report(params("class"), rows("sacct-22.05.json"))  # type: ignore[arg-type]
     by = {g.key[0]: g for g in report.groups}
     # train: 101 (2 GPUs x 2 h) + 104's two runs (4 GPUs x 1 h each) + 106 pending.
     assert by["train"].gpu_hours_allocated == pytest.approx(12.0)
@@ -66,7 +66,7 @@ def test_slurm_22_05_figures_by_class() -> None:
 
 
 def test_slurm_24_11_figures_by_gpu_type_and_user() -> None:
-    report = build_report(params("gpu_type", "user"), rows("sacct-24.11.txt"))  # type: ignore[arg-type]
+    report = build_report(params("gpu_type", "user"), rows("sacct-24.11.json"))  # type: ignore[arg-type]
     by = {g.key: g for g in report.groups}
     assert by[("a100", "aigc-alice")].gpu_hours_allocated == pytest.approx(1.0 + 0.5 + 1.0)
     assert by[("a100", "aigc-bob")].gpu_hours_allocated == pytest.approx(8.0)

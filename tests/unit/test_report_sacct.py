@@ -4,7 +4,7 @@ user text (name, comment, work directory) can create or alter a record."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -173,7 +173,7 @@ def test_windows() -> None:
 
 
 # sacct -P's field names and how each is printed from a JSON job (for FakeSacct's text mode).
-_TEXT_FIELDS = {
+_TEXT_FIELDS: dict[str, Callable[[dict[str, Any]], str]] = {
     "JobID": lambda j: str(j["job_id"]), "JobIDRaw": lambda j: str(j["job_id"]), "JobName": lambda j: j["name"],
     "User": lambda j: j["user"], "Account": lambda j: j["account"], "Partition": lambda j: j["partition"],
     "QOS": lambda j: j["qos"], "State": lambda j: j["state"]["current"],

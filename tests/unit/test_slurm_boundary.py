@@ -10,7 +10,6 @@ import pytest
 from slurm_aigc.errors import SlurmCommandError, SlurmParseError
 from slurm_aigc.slurm import CommandResult, SlurmCli, parse_duration_s, parse_key_values
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "scontrol"
 JSON = Path(__file__).resolve().parents[1] / "fixtures" / "slurm-json"
 V22, V24 = (22, 5, 8), (24, 11, 5)
 HOSTILE_NAME = "exp1 JobId=53 UserId=aigc-bob(1002)\nJobId=54 Account=vip"
