@@ -19,6 +19,7 @@ import yaml
 from slurm_aigc.errors import ConfigError, ShippedFileError
 from slurm_aigc.policy.model import (
     SHARD_GRES,
+    UNCLASSIFIED,
     UNKNOWN_CLASS,
     ClassDefaults,
     DetectionRule,
@@ -105,6 +106,8 @@ def parse_policy(root: Node, *, hook_sections: bool = True, simgpu_dir: str | No
     known = set(classes) | {UNKNOWN_CLASS}
     reclaim = reclaim_section(section(root, "reclaim"))
     rewrites = _rewrites(section(root, "rewrites"), known)
+    if classes:
+        _check_daemon_classes(root, known | {UNCLASSIFIED})
     return Policy(
         source=root.source,
         inventory=inventory,
@@ -117,6 +120,16 @@ def parse_policy(root: Node, *, hook_sections: bool = True, simgpu_dir: str | No
         scoring=scoring_section(section(root, "scoring"), rewrites.model_prefer.published_features_file),
         agent=agent_section(section(root, "agent"), simgpu_dir),
     )
+
+
+def _check_daemon_classes(root: Node, known: set[str]) -> None:
+    """Class names the daemons key on must be classes of the file (a typo would silently match nothing)."""
+    reclaim, scoring = section(root, "reclaim"), section(root, "scoring")
+    for name in section(reclaim, "classes").value:
+        _known_class(Node(root.source, f"reclaim.classes.{name}", name), known)
+    for node, key in ((section(reclaim, "exempt"), "classes"), (scoring, "serving_classes")):
+        for index, _name in enumerate(string_list(node, key)):
+            _known_class(node.child(key).child(index), known)
 
 
 def _inventory(node: Node) -> Inventory:

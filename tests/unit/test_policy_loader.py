@@ -276,3 +276,34 @@ def test_without_any_policy_file_daemons_get_the_model_defaults(monkeypatch: pyt
     assert load_policy(hook_sections=False).agent.simgpu_dir == "/srv/simgpu"
     with pytest.raises(ShippedFileError):
         load_policy()  # the hook has nothing to render
+
+
+@pytest.mark.parametrize(("edit", "key_path"), [
+    (lambda d: d["reclaim"]["classes"].update(trian={"grace_s": 5}), "reclaim.classes.trian"),
+    (lambda d: d["reclaim"]["exempt"].update(classes=["interactive", "interactve"]), "reclaim.exempt.classes[1]"),
+    (lambda d: d["scoring"].update(serving_classes=["infer", "serve"]), "scoring.serving_classes[1]"),
+])
+def test_class_names_the_daemons_use_must_be_classes(edit: Any, key_path: str) -> None:
+    document = shipped()
+    edit(document)
+    with pytest.raises(ConfigError) as caught:
+        parse(document)
+    assert caught.value.key_path == key_path and "unknown class" in caught.value.problem
+
+
+def test_reclaim_may_name_the_unclassified_jobs() -> None:
+    document = shipped()
+    document["reclaim"]["classes"]["unclassified"] = {"window_s": 600}
+    assert parse(document).reclaim.policy_for("unclassified").window_s == 600.0
+
+
+def test_the_shipped_file_states_every_key_of_the_daemon_sections() -> None:
+    from dataclasses import fields
+
+    from slurm_aigc.policy.model import AgentConfig, ClassPolicy, ReclaimConfig, ScoringConfig, StorageConfig
+
+    document = shipped()
+    for name, kind in (("agent", AgentConfig), ("scoring", ScoringConfig), ("storage", StorageConfig)):
+        assert set(document[name]) == {f.name for f in fields(kind)}, name
+    assert set(document["reclaim"]) == {f.name for f in fields(ReclaimConfig)} - {"shards_per_gpu"}
+    assert set(document["reclaim"]["defaults"]) == {f.name for f in fields(ClassPolicy)}
