@@ -14,6 +14,7 @@ Targets (issue 4): <= 5 ms and <= 60 MiB per agent poll; <= 1 s per publisher cy
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import statistics
@@ -28,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from slurm_aigc.db import open_database  # noqa: E402
-from slurm_aigc.slurm import CommandResult, SlurmCli, node_from_fields, parse_key_values  # noqa: E402
+from slurm_aigc.slurm import CommandResult, SlurmCli  # noqa: E402
 from slurm_aigc.telemetry import fakes  # noqa: E402
 from slurm_aigc.telemetry.agent import Agent  # noqa: E402
 from slurm_aigc.telemetry.attribution import job_gpu_usage  # noqa: E402
@@ -52,32 +53,35 @@ from slurm_aigc.telemetry.topology import parse_topo_matrix  # noqa: E402
 MIB = 1024 * 1024
 
 
-def node_line(name: str, features: str, weight: int, used: str) -> str:
-    return (f"NodeName={name} Arch=x86_64 CPUTot=128 AvailableFeatures={features} ActiveFeatures={features} "
-            f"Gres=gpu:a100:8,shard:a100:640 GresUsed={used} State=MIXED Weight={weight} Partitions=gpu")
+def node_record(name: str, features: str, weight: int, used: str) -> dict[str, object]:
+    """One node of Slurm 22.05's `sinfo --json`."""
+    return {"name": name, "architecture": "x86_64", "cpus": 128, "features": features, "active_features": features,
+            "gres": "gpu:a100:8,shard:a100:640", "gres_used": used, "state": "mixed", "state_flags": [],
+            "weight": weight, "partitions": ["gpu"]}
 
 
 class ClusterRunner:
-    """Answers `scontrol` for a synthetic cluster of `n` 8-GPU nodes and 2 jobs per node."""
+    """Answers Slurm 22.05's `sinfo --json` / `squeue --json` and `scontrol update` for a synthetic
+    cluster of `n` 8-GPU nodes and 2 jobs per node."""
 
     def __init__(self, n: int) -> None:
         self.features = {f"gpu{i:04d}": "a100,nvlink,nvlink8,vram80g" for i in range(n)}
         self.weights = dict.fromkeys(self.features, 1)
         self.used = {name: f"gpu:a100:{i % 9}(IDX:0-{i % 9 - 1})" if i % 9 else "gpu:a100:0(IDX:N/A)"
                      for i, name in enumerate(self.features)}
-        self.jobs = "\n".join(
-            f"JobId={i * 2 + k} JobName=j UserId=u(1) Account=a JobState=RUNNING NodeList={name} "
-            f"Comment=aigc:type=infer,model=m{i % 7} NumNodes=1"
-            for i, name in enumerate(self.features) for k in range(2)
-        )
+        self.jobs = json.dumps({"errors": [], "jobs": [
+            {"job_id": i * 2 + k, "name": "j", "user_name": "u", "account": "a", "job_state": "RUNNING", "nodes": name,
+             "comment": f"aigc:type=infer,model=m{i % 7}", "node_count": 1}
+            for i, name in enumerate(self.features) for k in range(2)]})
 
     def __call__(self, argv: Sequence[str], timeout_s: float, stdin: str | None = None) -> CommandResult:
-        args = [a for a in argv if a != "-d"]
-        if args[1:3] == ["show", "node"]:
-            names = args[4].split(",") if len(args) > 4 else list(self.features)
-            text = "\n".join(node_line(n, self.features[n], self.weights[n], self.used[n]) for n in names)
-            return CommandResult(tuple(argv), 0, text, "")
-        if args[1:3] == ["show", "job"]:
+        args = list(argv)
+        if args == ["scontrol", "--version"]:
+            return CommandResult(tuple(argv), 0, "slurm-wlm 22.05.8\n", "")
+        if args == ["sinfo", "--json"]:
+            nodes = [node_record(n, self.features[n], self.weights[n], self.used[n]) for n in self.features]
+            return CommandResult(tuple(argv), 0, json.dumps({"errors": [], "nodes": nodes}), "")
+        if args == ["squeue", "--json"]:
             return CommandResult(tuple(argv), 0, self.jobs, "")
         if args[1] == "update":
             pairs = dict(a.split("=", 1) for a in args[2:])
@@ -168,8 +172,7 @@ def main() -> None:
         now = time.time()
         seed_samples(store, list(runner.features), now, 3)
         slurm = SlurmCli(runner=runner)
-        nodes_text = runner(["scontrol", "-d", "show", "node", "-o"], 1).stdout
-        nodes = [node_from_fields(parse_key_values(line)) for line in nodes_text.splitlines()]
+        nodes = slurm.nodes()
         jobs = slurm.jobs()
         utils = store.mean_util_by_node(now - 300)
         config = ScoringConfig()
