@@ -17,7 +17,7 @@ export SLURM_AIGC_TEST_SHAPE="${SLURM_AIGC_TEST_SHAPE:-a100:8x2,t4:4x2}"
 echo "[test] setup and bring-up took $(( $(date +%s) - start )) s" >&2
 set +e
 echo "[test] ruff and mypy --strict" >&2
-.venv/bin/ruff check slurm_aigc tests benchmarks && .venv/bin/mypy slurm_aigc
+.venv/bin/ruff check slurm_aigc tests benchmarks && .venv/bin/mypy slurm_aigc && .venv/bin/lint-imports --no-cache
 lint=$?
 .venv/bin/python -m pytest -p no:cacheprovider -q -rs --durations=15 --junitxml="$RESULTS/junit.xml" "$@"
 suite=$?  # 5 (no tests collected) is a failure like any other non-zero exit

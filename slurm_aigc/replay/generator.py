@@ -30,7 +30,7 @@ from typing import Any
 
 from slurm_aigc.errors import AigcError
 from slurm_aigc.profiles import Phase, total_seconds
-from slurm_aigc.replay.traces import TraceJob
+from slurm_aigc.replay.tracejobs import TraceJob
 from slurm_aigc.replay.workload import (
     Workload,
     WorkloadJob,

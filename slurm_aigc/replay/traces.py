@@ -14,11 +14,13 @@ from __future__ import annotations
 import csv
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 from slurm_aigc.errors import AigcError
+from slurm_aigc.replay.tracejobs import SkippedRow as SkippedRow  # the records, re-exported
+from slurm_aigc.replay.tracejobs import TraceJob as TraceJob
+from slurm_aigc.replay.tracejobs import TraceRead as TraceRead
 
 TRACES = ("alibaba-2023", "genai-2026", "philly")
 
@@ -52,48 +54,6 @@ class TraceError(AigcError):
 
 class _RowError(ValueError):
     """One row is malformed; the reader turns it into a SkippedRow."""
-
-
-@dataclass(frozen=True)
-class TraceJob:
-    """One trace record, in the trace's own time base (seconds).
-
-    `arrival_s`: trace seconds (openb: from trace start; genai/philly: UNIX seconds of the
-    timestamp read as UTC). `gpus`: whole GPUs requested (0 for CPU-only pods);
-    `gpu_fraction`: share of one GPU for GPU-sharing pods (openb gpu_milli/1000), else 1.0.
-    """
-
-    source: str
-    line: int
-    job_id: str
-    arrival_s: float
-    duration_s: float
-    gpus: int
-    gpu_fraction: float = 1.0
-    qos: str = ""
-    status: str = ""
-    group: str = ""
-    model: str = ""
-    request_type: str = ""
-    images: int = 0
-    steps: int = 0
-    loras: int = 0
-
-
-@dataclass(frozen=True)
-class SkippedRow:
-    """A row the reader could not use: file line number (header = 1) and why."""
-
-    line: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class TraceRead:
-    """What a reader returns: usable jobs (sorted by arrival) and the rows it skipped."""
-
-    jobs: tuple[TraceJob, ...]
-    skipped: tuple[SkippedRow, ...]
 
 
 def read_trace(trace: str, path: Path) -> TraceRead:
