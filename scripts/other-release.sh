@@ -4,6 +4,7 @@
 #
 #   bash scripts/other-release.sh [pytest args...]      (as root; called by scripts/test.sh)
 #   bash scripts/other-release.sh --build-only          (build or check the cached chroot)
+# SLURM_AIGC_DEBIAN_MIRROR overrides the mirror read from /etc/apt/sources.list*.
 #
 # - The chroot (debootstrap + the cluster's apt packages) is cached under $CACHE, keyed by the
 #   release, the mirror and the package list; a run mounts it read-only under an overlay, so
@@ -74,14 +75,16 @@ build_chroot() {
     rm -rf "$tmp"
     log "building a $release chroot from $mirror (debootstrap; several minutes, once per package list)"
     debootstrap --variant=minbase --include="${BASE_PACKAGES// /,}" "$release" "$tmp" "$mirror" >"$CACHE/debootstrap.log" 2>&1 \
-        || { tail -20 "$CACHE/debootstrap.log" >&2; die "debootstrap $release from $mirror failed (log: $CACHE/debootstrap.log)"; }
+        || { tail -20 "$CACHE/debootstrap.log" >&2; rm -rf --one-file-system "$tmp"
+             die "debootstrap $release from $mirror failed: is the mirror reachable? (log: $CACHE/debootstrap.log)"; }
     # Debian's postinst scripts would start services; the suite starts its own daemons.
     printf '#!/bin/sh\nexit 101\n' >"$tmp/usr/sbin/policy-rc.d"
     chmod 755 "$tmp/usr/sbin/policy-rc.d"
     cp /etc/resolv.conf "$tmp/etc/resolv.conf"
     in_namespaces "$tmp" host-net "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $packages && apt-get clean" \
         >"$CACHE/apt.log" 2>&1 \
-        || { tail -20 "$CACHE/apt.log" >&2; die "apt-get install in the $release chroot failed (log: $CACHE/apt.log)"; }
+        || { tail -20 "$CACHE/apt.log" >&2; rm -rf --one-file-system "$tmp"
+             die "apt-get install in the $release chroot failed (log: $CACHE/apt.log)"; }
     touch "$tmp/.slurm-aigc-complete"
     mv "$tmp" "$root"
     log "built $root in $(( $(date +%s) - started )) s"
@@ -120,7 +123,7 @@ in_namespaces() {
 
 release=$(host_release)
 case "$release" in bookworm) other=trixie ;; trixie) other=bookworm ;; esac
-mirror=$(debian_mirror "$release")
+mirror=${SLURM_AIGC_DEBIAN_MIRROR:-$(debian_mirror "$release")}
 packages="$BASE_PACKAGES $(cluster_packages)"
 # The key: what the build depends on (the build functions' code, comments stripped by declare -f).
 key=$(printf '%s\n' "$other" "$mirror" "$packages" "$(declare -f build_chroot in_namespaces)" | sha256sum | cut -c1-12)
