@@ -15,12 +15,13 @@ from pathlib import Path
 
 import click
 
+from slurm_aigc.cli.replay_run import local_run_settings
 from slurm_aigc.cli.replay_traces import GeneratorChoice, default_trace_input, workload_from_traces
 from slurm_aigc.localcluster.manager import LocalCluster
 from slurm_aigc.localcluster.shape import DEFAULT_SHAPE
 from slurm_aigc.policy.paths import default_policy
 from slurm_aigc.replay.compare import metrics_of
-from slurm_aigc.replay.runner import SLURM_AIGC_BIN, ReplayRun, RunSettings
+from slurm_aigc.replay.runner import SLURM_AIGC_BIN, ReplayRun
 from slurm_aigc.replay.workload_files import write_workload
 
 
@@ -56,7 +57,7 @@ def demo(minutes: float, shape: str, trace: str, seed: int, out_dir: Path, clean
     _progress(f"{len(workload.jobs)} jobs written to {out_dir / 'workload.csv'}")
     _step(f"replay with slurm-aigc: hook + policy {policy}, agents, controller")
     since = datetime.now().replace(microsecond=0)
-    record = ReplayRun(workload, RunSettings("aigc", policy, out_dir), cluster, _progress).run()
+    record = ReplayRun(workload, local_run_settings(policy, out_dir, mode="aigc"), cluster, _progress).run()
     metrics = metrics_of(record)
     _progress(f"makespan {metrics.makespan_s:.0f} s, effective utilization {100 * metrics.effective_utilization:.1f} %, "
               f"allocation {100 * metrics.allocation_ratio:.1f} %, reclaimed {metrics.gpu_hours_reclaimed:.3f} GPU-h")

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import click
-from sqlalchemy.orm import Session, sessionmaker
 
+from slurm_aigc.cli.env import CliEnv, command_env
 from slurm_aigc.cli.replay_run import compare, run_workload_command
 from slurm_aigc.cli.replay_traces import GeneratorChoice, generator_options, workload_from_traces
 from slurm_aigc.errors import AigcError, DatabaseError
@@ -40,25 +40,11 @@ log = logging.getLogger(__name__)
 
 
 
-@dataclass(frozen=True)
-class ReplayEnv:
-    """Side effects of `replay` (tests hand their own in through `CliRunner.invoke(obj=...)`)."""
-
-    slurm: Callable[[], SacctRunner]
-    database: Callable[[str | None], sessionmaker[Session]]
-    now: Callable[[], datetime]
-
-
-def _default_env() -> ReplayEnv:
-    from slurm_aigc.db import open_database
-    from slurm_aigc.slurm import SlurmCli
-
-    return ReplayEnv(slurm=lambda: SlurmCli(timeout_s=300.0), database=open_database, now=datetime.now)
+ReplayEnv = CliEnv[SacctRunner]  # `replay --from-sacct` reads sacct only
 
 
 def _env(ctx: click.Context) -> ReplayEnv:
-    obj = ctx.find_root().obj
-    return obj if isinstance(obj, ReplayEnv) else _default_env()
+    return command_env(ctx)
 
 
 @click.group(invoke_without_command=True)

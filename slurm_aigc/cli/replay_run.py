@@ -24,9 +24,9 @@ def _progress(message: str) -> None:
     click.echo(f"[replay] {message}", err=True)
 
 
-def _settings(policy: Path | None, out_dir: Path, timeout_s: float) -> RunSettings:
+def local_run_settings(policy: Path | None, out_dir: Path, timeout_s: float = 1800.0, mode: str = MODES[0]) -> RunSettings:
     """Run settings for the local cluster: its test users submit, its no-op hook is stock mode's."""
-    return RunSettings(mode=MODES[0], policy=policy or default_policy(), out_dir=out_dir, users=TEST_USERS,
+    return RunSettings(mode=mode, policy=policy or default_policy(), out_dir=out_dir, users=TEST_USERS,
                        passthrough_hook=NOOP_HOOK_LUA, timeout_s=timeout_s)
 
 
@@ -42,7 +42,7 @@ def run_workload_command(workload_path: Path, mode: str, policy: Path | None, ou
     """Run one workload file on the running local cluster and print its figures."""
     cluster = LocalCluster(progress=_progress)
     workload = read_workload(workload_path)
-    [record] = run_modes(workload, [mode], _settings(policy, out_dir, timeout_s), cluster, _progress)
+    [record] = run_modes(workload, [mode], local_run_settings(policy, out_dir, timeout_s), cluster, _progress)
     metrics = metrics_of(record)
     (out_dir / f"{mode}-metrics.json").write_text(json.dumps(metrics.to_dict(), indent=1))
     for key, value in metrics.to_dict().items():
@@ -68,7 +68,7 @@ def compare(workload_path: Path | None, shape: str, policy: Path | None, out_dir
     workload = _workload(workload_path, generator, cluster)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_workload(workload, out_dir / "workload.csv")
-    stock, aigc = run_modes(workload, MODES, _settings(policy, out_dir, timeout_s), cluster, _progress)
+    stock, aigc = run_modes(workload, MODES, local_run_settings(policy, out_dir, timeout_s), cluster, _progress)
     stock_metrics, aigc_metrics = metrics_of(stock), metrics_of(aigc)
     plot = plot_utilization([stock, aigc], out_dir / "utilization.png")
     document = comparison_json(stock_metrics, aigc_metrics, {

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import click
-from sqlalchemy.orm import Session, sessionmaker
 
+from slurm_aigc.cli.env import CliEnv, command_env
 from slurm_aigc.errors import AigcError, DatabaseError
 from slurm_aigc.report import figures, render
 from slurm_aigc.report.records import DEFAULT_INTERVAL_S
@@ -28,25 +27,11 @@ from slurm_aigc.report.timespec import parse_when
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class ReportEnv:
-    """The side effects of a report (tests pass their own through `CliRunner.invoke(obj=...)`)."""
-
-    slurm: Callable[[], ReportSlurm]
-    database: Callable[[str | None], sessionmaker[Session]]
-    now: Callable[[], datetime]
-
-
-def _default_env() -> ReportEnv:
-    from slurm_aigc.db import open_database
-    from slurm_aigc.slurm import SlurmCli
-
-    return ReportEnv(slurm=lambda: SlurmCli(timeout_s=300.0), database=open_database, now=datetime.now)
+ReportEnv = CliEnv[ReportSlurm]  # reports read sacct and look up live jobs
 
 
 def _env(ctx: click.Context) -> ReportEnv:
-    obj = ctx.find_root().obj
-    return obj if isinstance(obj, ReportEnv) else _default_env()
+    return command_env(ctx)
 
 
 def _split(values: Iterable[str]) -> tuple[str, ...]:
