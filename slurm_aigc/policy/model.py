@@ -224,6 +224,7 @@ class AgentConfig:
     publish_features: bool = True
     feature_check_s: float = 60.0
     metrics_port: int | None = None
+    metrics_address: str = "127.0.0.1"  # /metrics has no authentication: loopback unless an admin opens it
 
 
 def _default_scorers() -> Mapping[str, float]:

@@ -8,6 +8,7 @@ key path. `slurm_aigc.policy.loader` calls these; nothing else reads the file.
 
 from __future__ import annotations
 
+import ipaddress
 import signal
 from collections.abc import Mapping
 from dataclasses import fields, replace
@@ -190,7 +191,18 @@ def agent_section(node: Node, simgpu_dir: str | None = None) -> AgentConfig:
         publish_features=flag(node, "publish_features", base.publish_features),
         feature_check_s=number(node, "feature_check_s", base.feature_check_s, above=0),
         metrics_port=port,
+        metrics_address=_ip_address(node, "metrics_address", base.metrics_address),
     )
+
+
+def _ip_address(node: Node, key: str, default: str) -> str:
+    """An IP address to bind (`127.0.0.1`, `::1`, `0.0.0.0`), not a host name (resolved at bind time)."""
+    value = get(node, key, str, default)
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        raise node.child(key).error(f"expected an IP address (127.0.0.1, ::1, 0.0.0.0), got {value!r}") from None
+    return value
 
 
 def scoring_section(node: Node, hook_listing: str | None = None) -> ScoringConfig:

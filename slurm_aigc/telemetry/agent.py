@@ -268,7 +268,7 @@ def build_agent(options: AgentOptions, config: AgentConfig, metrics: DaemonMetri
 def run_agent(options: AgentOptions, once: bool, report: Callable[[PollResult], None]) -> int:
     """`slurm-aigc agent`: build, then loop until SIGTERM (or one tick with `once`)."""
     config = effective_config(options)
-    metrics = open_metrics("agent", config.metrics_port)
+    metrics = open_metrics("agent", config.metrics_port, config.metrics_address)
     agent = build_agent(options, config, metrics)
 
     def tick() -> None:

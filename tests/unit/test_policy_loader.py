@@ -307,3 +307,30 @@ def test_the_shipped_file_states_every_key_of_the_daemon_sections() -> None:
         assert set(document[name]) == {f.name for f in fields(kind)}, name
     assert set(document["reclaim"]) == {f.name for f in fields(ReclaimConfig)} - {"shards_per_gpu"}
     assert set(document["reclaim"]["defaults"]) == {f.name for f in fields(ClassPolicy)}
+
+
+@pytest.mark.parametrize("address", ["localhost", "10.0.0.300", "", "0.0.0.0; rm"])
+def test_metrics_address_must_be_an_ip_address(address: str) -> None:
+    document = shipped()
+    assert parse(document).agent.metrics_address == "127.0.0.1"
+    document["agent"]["metrics_address"] = address
+    with pytest.raises(ConfigError) as caught:
+        parse(document)
+    assert caught.value.key_path == "agent.metrics_address" and "IP address" in caught.value.problem
+
+
+def test_the_agent_binds_metrics_where_the_policy_says(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_aigc.telemetry import agent
+
+    class Bound(Exception):
+        pass
+
+    def fake_open_metrics(daemon: str, port: int | None, address: str | None = None) -> Any:
+        raise Bound(daemon, port, address)
+
+    path = tmp_path / "agent.yaml"
+    path.write_text("agent: {metrics_port: 9400, metrics_address: '::1'}\n")
+    monkeypatch.setattr(agent, "open_metrics", fake_open_metrics)
+    with pytest.raises(Bound) as bound:
+        agent.run_agent(agent.AgentOptions(config_path=str(path)), True, lambda result: None)
+    assert bound.value.args == ("agent", 9400, "::1")
