@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from slurm_aigc.errors import AigcError
 from slurm_aigc.profiles import Phase, ProfileError, format_phases, parse_phases, total_seconds
+from slurm_aigc.tags import TAG_PREFIX, tag_pairs
 from slurm_aigc.textfmt import short_number as _number
 from slurm_aigc.validation import parse_size_gib
 
@@ -113,22 +114,19 @@ class Workload:
 
 
 def parse_tags(comment: str) -> dict[str, str]:
-    """The `aigc:` part of a job comment -> {key: value}; `{}` when there is none.
+    """The `aigc:` tag of a workload row (`exp42 aigc:type=infer,vram=20G`) -> {key: value}; `{}` for none.
 
-    Mirrors the hook's grammar (`--comment "exp42 aigc:type=infer,vram=20G"`): the word
-    starting with `aigc:` then comma-separated key=value pairs. Raises ValueError on a
-    malformed pair or a repeated key.
+    Split by the hook's own grammar (`slurm_aigc.tags.tag_pairs`), then checked strictly: a
+    second `aigc:`, a pair that is not key=value, an empty value or a repeated key raises
+    ValueError, since the hook would ignore or drop it and the replayed job would not be
+    what the row says.
     """
-    words = [w for w in comment.split() if w.startswith("aigc:")]
-    if not words:
-        return {}
-    if len(words) > 1:
+    if comment.count(TAG_PREFIX) > 1:
         raise ValueError("more than one aigc: tag")
     pairs: dict[str, str] = {}
-    for item in words[0].removeprefix("aigc:").split(","):
-        key, sep, value = item.partition("=")
-        if not sep or not key or not value:
-            raise ValueError(f"tag part {item!r} is not key=value")
+    for key, value in tag_pairs(comment):
+        if not value:
+            raise ValueError(f"tag part {key!r} is not key=value")
         if key in pairs:
             raise ValueError(f"tag key {key!r} repeated")
         pairs[key] = value
@@ -139,7 +137,7 @@ def format_tags(pairs: Mapping[str, str]) -> str:
     """{key: value} -> 'aigc:type=infer,vram=8G' (insertion order kept); '' for none."""
     if not pairs:
         return ""
-    return "aigc:" + ",".join(f"{k}={v}" for k, v in pairs.items())
+    return TAG_PREFIX + ",".join(f"{k}={v}" for k, v in pairs.items())
 
 
 # ---------------------------------------------------------------- reading

@@ -178,6 +178,14 @@ def test_profile_and_tag_helpers() -> None:
     assert format_tags({}) == ""
 
 
+def test_workload_tags_split_like_the_hook() -> None:
+    """One grammar (`slurm_aigc.tags.tag_pairs`): empty pairs skipped, the body ends at whitespace."""
+    assert parse_tags("exp aigc:type=infer,,vram=8G tail=x") == {"type": "infer", "vram": "8G"}
+    assert parse_tags("run-aigc:type=train") == {"type": "train"}  # the hook finds `aigc:` anywhere
+    with pytest.raises(ValueError, match="'model' is not key=value"):
+        parse_tags("aigc:type=infer,model=")
+
+
 def test_profiles_are_valid_gpu_load_specs() -> None:
     loadgen = pytest.importorskip("slurm_aigc.telemetry.loadgen")
     spec = format_phases((Phase("loading", 8.0), Phase("busy", 10.0), Phase("idle", 10.0), Phase("hung", 30.0)))
