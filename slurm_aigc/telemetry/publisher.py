@@ -22,13 +22,13 @@ features change, plus one `scontrol update` per node whose features or weight ch
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
 from slurm_aigc.errors import AigcError
+from slurm_aigc.fsio import atomic_write_text
 from slurm_aigc.slurm import NodeInfo, SlurmCli
 from slurm_aigc.telemetry import features as feat
 from slurm_aigc.telemetry.config import ScoringConfig
@@ -70,10 +70,7 @@ __all__ = [
 def write_lines_atomically(path: Path, lines: Sequence[str]) -> None:
     """Replace `path` by `lines` (temp file + rename), world-readable for slurmctld's hook."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temp.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
-    temp.chmod(0o644)
-    os.replace(temp, path)
+    atomic_write_text(path, "".join(f"{line}\n" for line in lines), mode=0o644)
 
 
 class Publisher:
