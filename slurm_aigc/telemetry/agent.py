@@ -245,8 +245,8 @@ def build_agent(options: AgentOptions, config: AgentConfig, metrics: DaemonMetri
     """The production agent: real backend, database, Slurm tools, /proc attribution."""
     from slurm_aigc.db import open_database
     from slurm_aigc.telemetry.attribution import Attributor, JobAllocations, job_gpu_usage
-    from slurm_aigc.telemetry.procfs import JobRecordDir, ProcFs
     from slurm_aigc.telemetry.backends import open_backend
+    from slurm_aigc.telemetry.procfs import JobRecordDir, ProcFs
     from slurm_aigc.telemetry.topology import parse_topo_matrix
 
     node = options.node or short_hostname()

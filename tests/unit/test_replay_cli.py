@@ -20,8 +20,8 @@ from slurm_aigc.cli.replay import ReplayEnv, replay
 from slurm_aigc.db import JobGpuSample, open_database, transaction
 from slurm_aigc.replay.traces import DEFAULT_FILES
 from slurm_aigc.replay.workload_files import read_workload
-from tests.unit.sacct_json import DELIMITER, FIELDS, text_to_json
 from slurm_aigc.slurm import CommandResult
+from tests.unit.sacct_json import DELIMITER, FIELDS, text_to_json
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "traces"
 FIXTURE_FILES = {
