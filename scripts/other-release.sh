@@ -18,12 +18,14 @@
 #
 # Exit status: that of the suite inside; 2 when the chroot cannot be built or entered.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
 TREE=$PWD
 CACHE=${SLURM_AIGC_CHROOT_CACHE:-/var/cache/slurm-aigc}
 RESULTS=${SLURM_AIGC_RESULTS:-/tmp/slurm-aigc-results}
 NS_ADDR=10.213.0.1
 NS_HOST=aigc-chroot
+APT_ETC=${APT_ETC:-/etc/apt}                                      # tests point these elsewhere
+DEBIAN_VERSION_FILE=${DEBIAN_VERSION_FILE:-/etc/debian_version}
 # What the chroot needs besides the cluster's own packages (those come from manager.APT_PACKAGES).
 BASE_PACKAGES="python3 python3-venv python3-pip ca-certificates git iproute2 procps"
 
@@ -34,17 +36,18 @@ log() { echo "[other-release] $*" >&2; }
 command -v unshare >/dev/null || die "unshare (util-linux) is missing"
 
 host_release() {
-    case "$(cut -d. -f1 /etc/debian_version 2>/dev/null)" in
+    case "$(cut -d. -f1 "$DEBIAN_VERSION_FILE" 2>/dev/null)" in
         12) echo bookworm ;;
         13) echo trixie ;;
-        *) die "this is not Debian 12 or 13 (/etc/debian_version: $(cat /etc/debian_version 2>/dev/null || echo none))" ;;
+        *) die "this is not Debian 12 or 13 ($DEBIAN_VERSION_FILE: $(cat "$DEBIAN_VERSION_FILE" 2>/dev/null || echo none))" ;;
     esac
 }
 
 # The first Debian archive URI configured for the host's release (deb822 or one-line format).
 debian_mirror() {
     local host=$1 uri
-    uri=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.sources /etc/apt/sources.list.d/*.list 2>/dev/null \
+    # Any of the files may be absent (a fresh Debian 13 has only debian.sources): cat's complaint is not an error.
+    uri=$({ cat "$APT_ETC"/sources.list "$APT_ETC"/sources.list.d/*.sources "$APT_ETC"/sources.list.d/*.list 2>/dev/null || true; } \
         | awk -v rel="$host" '
             /^URIs:/ { u = $2 } /^Suites:/ { for (i = 2; i <= NF; i++) if ($i == rel && u != "") { print u; exit } }
             /^deb / { for (i = 3; i <= NF; i++) if ($i == rel && $(i - 1) ~ /^http/) { print $(i - 1); exit } }')
@@ -52,9 +55,17 @@ debian_mirror() {
     echo "$uri"
 }
 
+# manager.APT_PACKAGES, read with the system Python (no venv needed on a fresh machine).
 cluster_packages() {
-    "$TREE/.venv/bin/python" -c 'from slurm_aigc.localcluster.manager import APT_PACKAGES; print(*APT_PACKAGES)' \
-        || die "cannot read the cluster's package list (run scripts/setup-venv.sh first)"
+    python3 - "$TREE/slurm_aigc/localcluster/manager.py" <<'PY' || die "cannot read APT_PACKAGES from slurm_aigc/localcluster/manager.py"
+import ast, sys
+for node in ast.parse(open(sys.argv[1]).read()).body:
+    if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "APT_PACKAGES":
+        print(*ast.literal_eval(node.value))
+        break
+else:
+    sys.exit(1)
+PY
 }
 
 # Local directories pip's configuration and environment name (find-links, file:// indexes).
@@ -120,6 +131,8 @@ in_namespaces() {
         mount -t tmpfs -o mode=755 tmpfs "$ROOT/run"
         exec chroot "$ROOT" /bin/bash -lc "$COMMAND"'
 }
+
+[ "${1:-}" = --functions-only ] && return 0  # tests: `source other-release.sh --functions-only`
 
 release=$(host_release)
 case "$release" in bookworm) other=trixie ;; trixie) other=bookworm ;; esac
