@@ -179,7 +179,9 @@ def parse_topo_matrix(text: str) -> TopologyMatrix:
     _check_header_devices(header, labels)
     links = _parse_links(rows, labels)
     names = _device_names(labels, _nic_legend(legend_lines))
-    gpus = tuple(_gpu(row, header, len(labels)) for row in rows if _GPU_LABEL_RE.match(row.label))
+    gpu_rows = [row for row in rows if _GPU_LABEL_RE.match(row.label)]
+    tab_cells = all(_tab_field_values(row, len(labels), len(header.columns)) is not None for row in gpu_rows)
+    gpus = tuple(_gpu(row, header, len(labels), tab_cells) for row in gpu_rows)
     _check_nic_rows(rows, len(labels))
     nics = tuple(names[label] for label in labels if not _GPU_LABEL_RE.match(label))
     named = {names[a]: {names[b]: link for b, link in peers.items()} for a, peers in links.items()}
@@ -378,24 +380,25 @@ def _device_names(labels: list[str], legend: Mapping[str, str]) -> dict[str, str
     return names
 
 
-def _gpu(row: _Row, header: _Header, size: int) -> TopoGpu:
+def _gpu(row: _Row, header: _Header, size: int, tab_cells: bool) -> TopoGpu:
     match = _GPU_LABEL_RE.match(row.label)
     assert match is not None
-    return TopoGpu(index=int(match.group(1)), **_affinity_values(row, header, size))
+    return TopoGpu(index=int(match.group(1)), **_affinity_values(row, header, size, tab_cells))
 
 
-def _affinity_values(row: _Row, header: _Header, size: int) -> dict[str, str | None]:
+def _affinity_values(row: _Row, header: _Header, size: int, tab_cells: bool) -> dict[str, str | None]:
     """Map the cells after the matrix to the header's affinity columns.
 
-    Values never contain spaces, so n values for n columns go in order. Fewer values
-    (a truly empty cell) are placed by column position, which is only trusted when the
-    row's matrix cells line up with the header; otherwise the row is ambiguous.
+    `tab_cells`: every GPU row has one tab per cell, so its tab fields are the cells, an
+    empty one included. Otherwise values never contain spaces, so n values for n columns
+    go in order; fewer values (a truly empty cell) are placed by column position, which is
+    only trusted when the row's matrix cells line up with the header.
     """
     extra = row.cells[size:]
     where = f"line {row.line.number}: row {row.label}"
     if len(extra) > len(header.columns):
         raise TopologyParseError(f"{where} has {len(extra)} values after the matrix for {len(header.columns)} column(s)")
-    by_field = _tab_field_values(row, size, len(header.columns))
+    by_field = _tab_field_values(row, size, len(header.columns)) if tab_cells else None
     if by_field is not None:
         placed = list(zip(header.columns, by_field))
     elif len(extra) == len(header.columns):
@@ -413,7 +416,9 @@ def _tab_field_values(row: _Row, size: int, columns: int) -> tuple[str, ...] | N
 
     Older drivers print one tab between cells, so an empty cell is an empty field and
     column positions after a wide header name mean nothing. Rows padded with extra tabs
-    (more fields than columns, or empty matrix fields) are left to the other rules.
+    (more fields than columns: newer drivers pad short values up to the header's width)
+    or with empty matrix fields are left to the other rules; one padded GPU row marks the
+    whole output as padded, since `0-3\t\t0` alone reads either way.
     """
     fields = row.tab_fields
     if fields is None or len(fields) > size + columns or fields[:size] != row.cells[:size]:

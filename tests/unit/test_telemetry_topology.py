@@ -210,6 +210,14 @@ def test_tab_separated_empty_cpu_affinity_keeps_the_numa_node_in_its_column() ->
     assert matrix.nvlink_islands() == [[0, 1], [2, 3]]
 
 
+def test_tab_padded_layout_is_not_read_one_field_per_cell() -> None:
+    """Drivers that pad short values with extra tabs (`0\t\tN/A`) are placed by column position."""
+    text = read(OWN_TOPO / "synthetic-dgx-h100-8gpu-4nic-nic-legend-ansi-esc-tabs.txt")
+    text = text.replace("SYS\tSYS\t0-55,112-167\t0\t\tN/A", "SYS\tSYS\t0-3\t\t0", 1)  # GPU0: short CPU set, no NUMA ID
+    gpu0 = parse_topo_matrix(text).gpus[0]
+    assert (gpu0.cpu_affinity, gpu0.numa_affinity, gpu0.gpu_numa_id) == ("0-3", "0", None)
+
+
 def test_nic_rows_without_a_nic_legend_keep_their_nic_names() -> None:
     document = parse_topo_matrix(read(OWN_TOPO / "synthetic-a100-8gpu-3nic-no-nic-legend.txt")).to_json()
     assert document["nics"] == ["NIC0", "NIC1", "NIC2"]
