@@ -16,8 +16,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from slurm_aigc.cli.main import cli
 from slurm_aigc.cli.report import ReportEnv
 from slurm_aigc.db import ActionRecord, JobGpuSample, open_database, transaction
-from tests.unit.sacct_json import text_to_json
 from slurm_aigc.slurm import CommandResult, SlurmCli
+from tests.unit.report_fixtures import stamped_sacct
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sacct"
 NOW = datetime(2026, 12, 1, 0, 0, 0)
@@ -28,7 +28,7 @@ class RecordedSacct:
     """Answers every sacct call with a recorded output, as sacct would for a wide window."""
 
     def __init__(self, name: str) -> None:
-        self.text = (FIXTURES / name).read_text(encoding="utf-8")
+        self.text = stamped_sacct(name)  # classes stamped as the hook would have
         self.calls: list[list[str]] = []
 
     def __call__(self, argv: Sequence[str], timeout_s: float, stdin: str | None = None) -> CommandResult:

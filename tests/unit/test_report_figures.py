@@ -14,6 +14,7 @@ from slurm_aigc.report.figures import (
 )
 from slurm_aigc.report.records import ActionEvent, SampleSlice
 from slurm_aigc.report.sacct import JobRecord, parse_sacct_output
+from tests.unit.report_fixtures import stamped_sacct
 from tests.unit.sacct_json import DELIMITER, FIELDS, text_to_json
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sacct"
@@ -24,8 +25,7 @@ def ts(text: str) -> float:
 
 
 def rows(name: str) -> list[object]:
-    text = (FIXTURES / name).read_text(encoding="utf-8")
-    return list(parse_sacct_output(text, tz=UTC))
+    return list(parse_sacct_output(stamped_sacct(name), tz=UTC))  # classes stamped as the hook would have
 
 
 def params(*group_by: str, since: str = "2026-11-30T00:00:00", until: str = "2026-12-01T00:00:00") -> ReportParams:
@@ -37,7 +37,8 @@ def record(job: str, start: str | None, end: str | None, tres: str, *, cls: str 
     values = dict.fromkeys(FIELDS, "")
     values.update(JobID=job, JobIDRaw=job, User="aigc-alice", Account="aigc", Partition="gpu", State=state,
                   Submit=submit or start or "2026-11-30T00:00:00", Start=start or "Unknown", End=end or "Unknown",
-                  AllocTRES=tres, NodeList="a100-01", Comment=f"aigc:type={cls}", ElapsedRaw="0")
+                  AllocTRES=tres, NodeList="a100-01", Comment=f"aigc:type={cls}", AdminComment=f"aigc_class={cls}",
+                  ElapsedRaw="0")  # the class is the hook's AdminComment stamp
     parsed = next(parse_sacct_output(text_to_json(DELIMITER.join(FIELDS) + "\n" + DELIMITER.join(values[f] for f in FIELDS)), tz=UTC))
     assert isinstance(parsed, JobRecord)
     return parsed

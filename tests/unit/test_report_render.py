@@ -16,7 +16,7 @@ from slurm_aigc.report import render
 from slurm_aigc.report.figures import Report, ReportParams, build_report, job_view
 from slurm_aigc.report.records import ActionEvent, SampleSlice
 from slurm_aigc.report.sacct import JobRecord, SkippedRow, parse_sacct_output
-from tests.unit.sacct_json import text_to_json
+from tests.unit.report_fixtures import stamped_sacct
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sacct"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -27,8 +27,7 @@ def ts(text: str) -> float:
 
 
 def rows() -> list[JobRecord | SkippedRow]:
-    text = (FIXTURES / "sacct-22.05.json").read_text(encoding="utf-8")
-    return list(parse_sacct_output(text, tz=UTC, source="fixture"))
+    return list(parse_sacct_output(stamped_sacct(), tz=UTC, source="fixture"))  # classes stamped as the hook would have
 
 
 def sample_report() -> Report:
