@@ -156,7 +156,7 @@ class JobGpuRollup(Base):
     """One job's use of one GPU over one hour, kept after its raw samples are deleted (`retention`).
 
     `used_gpu_s` and `known_s` are sums over the hour's sample slices (see
-    `report.samples.slices`), so reports over rolled-up hours give the same totals as the raw rows.
+    `report.records.slices`), so reports over rolled-up hours give the same totals as the raw rows.
     """
 
     __tablename__ = "job_gpu_rollups"
@@ -287,7 +287,10 @@ def open_database(url: str | None = None, retry: StartupRetry = StartupRetry()) 
     url = resolve_url(url)
     try:
         engine = _engine(url)
-    except (ArgumentError, ImportError) as error:
+    except ImportError as error:
+        raise DatabaseError(f"cannot open database {mask_url(url)}: its driver is not installed ({error}); "
+                            "install slurm-aigc[mysql] or slurm-aigc[postgresql]") from error
+    except ArgumentError as error:
         raise DatabaseError(f"cannot open database {mask_url(url)}: {scrub(str(error), url)}") from error
     for attempt in range(retry.attempts):
         try:
@@ -297,7 +300,7 @@ def open_database(url: str | None = None, retry: StartupRetry = StartupRetry()) 
             if _permission_denied(error):
                 raise DatabaseError(f"database {mask_url(url)}: this role may not create or upgrade the schema "
                                     f"(start the controller, or run `slurm-aigc doctor`): {_short(error, url)}") from error
-            if attempt == retry.attempts - 1:
+            if _code(error) in _FATAL_CODES or attempt == retry.attempts - 1:
                 raise DatabaseError(f"cannot open database {mask_url(url)}: {_short(error, url)}") from error
             LOG.info("database %s not ready (%s); retrying", mask_url(url), _short(error, url))
             retry.sleep(retry.delay_s(attempt))
@@ -471,10 +474,18 @@ def _sqlite_pragmas(connection: object, _record: object) -> None:
 _DENIED_CODES = {1044, 1142, 1143, 1227}
 
 
+# MySQL: 1045 wrong user or password, 1049 unknown database: retrying cannot help.
+_FATAL_CODES = {1045, 1049}
+
+
+def _code(error: DBAPIError) -> int | None:
+    args = getattr(error.orig, "args", ())
+    return args[0] if args and isinstance(args[0], int) else None
+
+
 def _permission_denied(error: DBAPIError) -> bool:
     original = error.orig
-    args = getattr(original, "args", ())
-    if args and isinstance(args[0], int) and args[0] in _DENIED_CODES:
+    if _code(error) in _DENIED_CODES:
         return True
     return getattr(original, "sqlstate", None) == "42501" or getattr(original, "pgcode", None) == "42501"
 

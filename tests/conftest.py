@@ -1,16 +1,23 @@
-"""Shared fixtures: the session-scoped local cluster for integration tests."""
+"""Shared fixtures: the session-scoped local cluster for integration tests, and `db_url`:
+every store test runs on SQLite and on a throwaway database on the local cluster's MariaDB."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import shlex
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import SQLAlchemyError
 
+from slurm_aigc.db import read_url_file
+from slurm_aigc.localcluster.config import TEST_DATABASE_PREFIX
 from slurm_aigc.localcluster.manager import LocalCluster
 from slurm_aigc.localcluster.shape import DEFAULT_SHAPE
 from slurm_aigc.slurm import SlurmCli
@@ -69,3 +76,58 @@ def shared_dir() -> Path:
     if not SHARED.is_dir():
         pytest.skip("../shared is absent")
     return SHARED
+
+
+@dataclass
+class MariaDbServer:
+    """The local cluster's MariaDB as the `test` role: throwaway databases for one test session."""
+
+    server_url: URL
+    created: list[str] = field(default_factory=list)
+    _numbers: Iterator[int] = field(default_factory=itertools.count)
+
+    def create_database(self) -> str:
+        """A new empty database (dropped at the end of the session); returns its URL."""
+        name = f"{TEST_DATABASE_PREFIX}{os.getpid()}_{next(self._numbers)}"
+        self._execute(f"CREATE DATABASE {name} CHARACTER SET utf8mb4")
+        self.created.append(name)
+        return self.server_url.set(database=name).render_as_string(hide_password=False)
+
+    def drop_all(self) -> None:
+        for name in self.created:
+            self._execute(f"DROP DATABASE IF EXISTS {name}")
+
+    def _execute(self, sql: str) -> None:
+        engine = create_engine(self.server_url)
+        try:
+            with engine.begin() as connection:
+                connection.execute(text(sql))
+        finally:
+            engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def mariadb() -> Iterator[MariaDbServer]:
+    """The local cluster's MariaDB (scripts/test.sh brings the cluster up); skips, saying why, without it."""
+    path = LocalCluster().db_url_file("test")
+    if not path.exists():
+        pytest.skip(f"MariaDB leg: the local cluster's MariaDB is not set up ({path} absent): run "
+                    "`slurm-aigc cluster up` (scripts/test.sh does)")
+    url = make_url(read_url_file(path))
+    server = MariaDbServer(URL.create(url.drivername, url.username, url.password, url.host, url.port, None, url.query))
+    try:
+        server._execute("SELECT 1")
+    except SQLAlchemyError as error:
+        pytest.skip(f"MariaDB leg: the local cluster's MariaDB does not answer ({type(error).__name__}): "
+                    "run `slurm-aigc cluster up`")
+    yield server
+    server.drop_all()
+
+
+@pytest.fixture(params=["sqlite", "mariadb"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty database's URL: a SQLite file, then a throwaway database on the cluster's MariaDB."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'state.db'}"
+    server: MariaDbServer = request.getfixturevalue("mariadb")
+    return server.create_database()

@@ -1,9 +1,8 @@
-"""GPU-hours used from `job_gpu_samples` and the audit trail, in a temporary SQLite database."""
+"""GPU-hours used from `job_gpu_samples` and the audit trail, on SQLite and MariaDB (`db_url`)."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
@@ -19,8 +18,8 @@ T0 = datetime(2026, 11, 30, 10, tzinfo=UTC).timestamp()
 
 
 @pytest.fixture
-def db(tmp_path: Path) -> sessionmaker[Session]:
-    return open_database(f"sqlite:///{tmp_path}/state.db")
+def db(db_url: str) -> sessionmaker[Session]:
+    return open_database(db_url)
 
 
 def add_series(db: sessionmaker[Session], job: str, gpu: int, times: list[float], utils: list[float | None]) -> None:
