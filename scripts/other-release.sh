@@ -7,7 +7,8 @@
 # SLURM_AIGC_DEBIAN_MIRROR overrides the mirror read from /etc/apt/sources.list*.
 #
 # - The chroot (debootstrap + the cluster's apt packages) is cached under $CACHE, keyed by the
-#   release, the mirror and the package list; a run mounts it read-only under an overlay, so
+#   release, the mirror, the package list and the build code; a stale one is removed after a
+#   new build. A run mounts it read-only under an overlay, so
 #   every run starts from the same pristine tree and nothing a run writes survives it.
 # - The suite runs in its own network, UTS, PID and mount namespaces: its cluster's ports, pids,
 #   /run (munge socket) and /var/lib/slurm-aigc never meet the host's cluster. The namespace has
