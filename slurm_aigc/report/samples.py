@@ -1,7 +1,8 @@
 """Reading what the GPUs did (`job_gpu_samples`) and what slurm-aigc did (`actions`).
 
 The record types and the slicing rule live in `report/records.py` (pure), so figures and
-renderers need not import this store.
+renderers need not import this store. Samples older than the raw retention are read from their
+hourly rollups (`report/retention.py`).
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from itertools import groupby
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from slurm_aigc.db import ActionRecord, JobGpuSample
+from slurm_aigc.db import ActionRecord, JobGpuRollup, JobGpuSample
 from slurm_aigc.report.records import DEFAULT_INTERVAL_S, ActionEvent, SampleSlice, slices
+from slurm_aigc.report.retention import rolled_until, rollup_slices
 
 _BATCH = 5000
 
@@ -26,18 +28,37 @@ class SampleStore:
         self._interval_s = default_interval_s
 
     def job_slices(self, since_ts: float, until_ts: float, job_ids: Sequence[str] = ()) -> Iterator[SampleSlice]:
-        """Every sample in [since, until), one GPU series at a time (memory: one series)."""
-        query = select(
-            JobGpuSample.job_id, JobGpuSample.node, JobGpuSample.gpu_index, JobGpuSample.ts,
-            JobGpuSample.sm_util_pct, JobGpuSample.memory_used_mib, JobGpuSample.memory_total_mib,
-        ).where(JobGpuSample.ts >= since_ts, JobGpuSample.ts < until_ts)
-        if job_ids:
-            query = query.where(JobGpuSample.job_id.in_(list(job_ids)))
-        query = query.order_by(JobGpuSample.job_id, JobGpuSample.node, JobGpuSample.gpu_index, JobGpuSample.ts)
+        """Every sample in [since, until), one GPU series at a time (memory: one series).
+
+        Hours older than the retention mark come from `job_gpu_rollups` (an hour counts when it
+        starts in the window), newer ones from the raw rows; never both for the same hour.
+        """
         with self._factory() as session:
+            mark = rolled_until(session)
+            if mark is not None and since_ts < mark:
+                yield from self._rollup_slices(session, since_ts, min(until_ts, mark), job_ids)
+                since_ts = max(since_ts, mark)
+            if since_ts >= until_ts:
+                return
+            query = select(
+                JobGpuSample.job_id, JobGpuSample.node, JobGpuSample.gpu_index, JobGpuSample.ts,
+                JobGpuSample.sm_util_pct, JobGpuSample.memory_used_mib, JobGpuSample.memory_total_mib,
+            ).where(JobGpuSample.ts >= since_ts, JobGpuSample.ts < until_ts)
+            if job_ids:
+                query = query.where(JobGpuSample.job_id.in_(list(job_ids)))
+            query = query.order_by(JobGpuSample.job_id, JobGpuSample.node, JobGpuSample.gpu_index, JobGpuSample.ts)
             rows = session.execute(query.execution_options(yield_per=_BATCH))
             for _, series in groupby(rows, key=lambda row: (row[0], row[1], row[2])):
                 yield from slices([tuple(row) for row in series], self._interval_s)  # type: ignore[misc]
+
+    @staticmethod
+    def _rollup_slices(session: Session, since_ts: float, until_ts: float, job_ids: Sequence[str]) -> Iterator[SampleSlice]:
+        query = select(JobGpuRollup).where(JobGpuRollup.bucket_ts >= since_ts, JobGpuRollup.bucket_ts < until_ts)
+        if job_ids:
+            query = query.where(JobGpuRollup.job_id.in_(list(job_ids)))
+        query = query.order_by(JobGpuRollup.job_id, JobGpuRollup.node, JobGpuRollup.gpu_index, JobGpuRollup.bucket_ts)
+        for row in session.scalars(query.execution_options(yield_per=_BATCH)):
+            yield from rollup_slices(row)
 
     def actions(self, since_ts: float, until_ts: float, job_ids: Sequence[str] = ()) -> list[ActionEvent]:
         """Audit rows whose intent falls in [since, until) (or of the given jobs, any time)."""

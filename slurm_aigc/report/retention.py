@@ -1,0 +1,161 @@
+"""Retention: raw samples older than `storage.raw_retention_hours` become hourly per-job, per-GPU
+rollups (`job_gpu_rollups`), then are deleted in bounded batches.
+
+A rollup holds the sums `report` needs (used GPU-seconds, sampled seconds, peak memory), computed
+with the same slicing rule as the raw rows (`records.slices`), so a report over rolled-up hours
+gives the same totals. Each hour is rolled up in one transaction that also moves the mark
+(`retention_state.rolled_until`); only rows older than the mark are deleted, `batch_rows` per
+transaction, so a crash at any point neither loses nor double-counts an hour, and no
+transaction holds locks for long. Readers take raw rows at or after the mark and rollups before it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from itertools import groupby
+
+from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from slurm_aigc.db import GpuSample, JobGpuRollup, JobGpuSample, ProcessSample, RetentionState, transaction
+from slurm_aigc.report.records import DEFAULT_INTERVAL_S, GAP_FACTOR, SampleSlice, slices
+
+BUCKET_S = 3600.0
+DEFAULT_BATCH_ROWS = 5000
+DEFAULT_RAW_RETENTION_HOURS = 48.0  # the policy's `storage.raw_retention_hours` default
+_READ_BATCH = 5000
+# Rows read past an hour's end: each series' last sample in the hour needs its successor for its
+# duration (`slices`), which counts gaps up to GAP_FACTOR poll intervals (here polls up to 200 s).
+_LOOKAHEAD_S = 200.0 * GAP_FACTOR
+
+
+@dataclass
+class RetentionResult:
+    """What one `Retention.run` did."""
+
+    hours_rolled: int = 0
+    rollup_rows: int = 0
+    raw_rows_read: int = 0
+    deleted: dict[str, int] = field(default_factory=dict)
+    rollup_s: float = 0.0
+    delete_s: float = 0.0
+
+
+def rolled_until(session: Session) -> float | None:
+    """The retention mark: raw rows before it are rolled up (and may be gone)."""
+    value = session.scalar(select(RetentionState.rolled_until).where(RetentionState.id == 1))
+    return None if value is None else float(value)
+
+
+class Retention:
+    """Rolls up and prunes raw samples; run by the controller (or `benchmarks/bench_retention.py`)."""
+
+    def __init__(self, factory: sessionmaker[Session], raw_retention_hours: float = DEFAULT_RAW_RETENTION_HOURS, *,
+                 batch_rows: int = DEFAULT_BATCH_ROWS, default_interval_s: float = DEFAULT_INTERVAL_S,
+                 clock: Callable[[], float] = time.time) -> None:
+        if not raw_retention_hours > 0 or batch_rows < 1:
+            raise ValueError("raw_retention_hours must be > 0 and batch_rows >= 1")
+        self._factory = factory
+        self._retention_s = raw_retention_hours * 3600.0
+        self._batch = batch_rows
+        self._interval_s = default_interval_s
+        self._clock = clock
+
+    def run(self, now_ts: float | None = None) -> RetentionResult:
+        """Roll up every whole hour older than the retention, then delete what is rolled up."""
+        result = RetentionResult()
+        started = time.monotonic()
+        cutoff = math.floor(((now_ts if now_ts is not None else self._clock()) - self._retention_s) / BUCKET_S) * BUCKET_S
+        bucket = self._first_bucket()
+        while bucket is not None and bucket < cutoff:
+            self._roll_bucket(bucket, result)
+            bucket += BUCKET_S
+        result.rollup_s = time.monotonic() - started
+        started = time.monotonic()
+        with transaction(self._factory) as session:
+            mark = rolled_until(session)
+        if mark is not None:
+            for model in (JobGpuSample, GpuSample, ProcessSample):
+                result.deleted[model.__tablename__] = self._delete_before(model, mark)
+        result.delete_s = time.monotonic() - started
+        return result
+
+    def _first_bucket(self) -> float | None:
+        with transaction(self._factory) as session:
+            mark = rolled_until(session)
+            if mark is not None:
+                return mark
+            oldest = session.scalar(select(func.min(JobGpuSample.ts)))
+        return None if oldest is None else math.floor(float(oldest) / BUCKET_S) * BUCKET_S
+
+    def _roll_bucket(self, bucket: float, result: RetentionResult) -> None:
+        query = select(
+            JobGpuSample.job_id, JobGpuSample.node, JobGpuSample.gpu_index, JobGpuSample.ts,
+            JobGpuSample.sm_util_pct, JobGpuSample.memory_used_mib, JobGpuSample.memory_total_mib,
+        ).where(JobGpuSample.ts >= bucket, JobGpuSample.ts < bucket + BUCKET_S + _LOOKAHEAD_S)
+        query = query.order_by(JobGpuSample.job_id, JobGpuSample.node, JobGpuSample.gpu_index, JobGpuSample.ts)
+        with transaction(self._factory) as session:
+            rows: list[JobGpuRollup] = []
+            stream = session.execute(query.execution_options(yield_per=_READ_BATCH))
+            for _, series in groupby(stream, key=lambda row: (row[0], row[1], row[2])):
+                raw = [tuple(row) for row in series]
+                result.raw_rows_read += len(raw)
+                pieces = [p for p in slices(raw, self._interval_s) if p.ts < bucket + BUCKET_S]  # type: ignore[arg-type]
+                if pieces:
+                    rows.append(rollup(bucket, pieces))
+            session.execute(delete(JobGpuRollup).where(JobGpuRollup.bucket_ts == bucket))
+            session.add_all(rows)
+            _set_mark(session, bucket + BUCKET_S)
+        result.hours_rolled += 1
+        result.rollup_rows += len(rows)
+
+    def _delete_before(self, model: type[JobGpuSample] | type[GpuSample] | type[ProcessSample], mark: float) -> int:
+        """Delete rows older than `mark`, `batch_rows` per transaction (short locks; agents keep inserting)."""
+        deleted = 0
+        while True:
+            with transaction(self._factory) as session:
+                ids = list(session.scalars(select(model.id).where(model.ts < mark).order_by(model.id).limit(self._batch)))
+                if ids:
+                    session.execute(delete(model).where(model.id.in_(ids)))
+            deleted += len(ids)
+            if len(ids) < self._batch:
+                return deleted
+
+
+def rollup(bucket: float, pieces: Iterable[SampleSlice]) -> JobGpuRollup:
+    """One series' slices within one hour, summed."""
+    pieces = list(pieces)
+    known = [p for p in pieces if p.used_gpu_s is not None]
+    memory = [p.memory_used_mib for p in pieces if p.memory_used_mib is not None]
+    totals = [p.memory_total_mib for p in pieces if p.memory_total_mib is not None]
+    first = pieces[0]
+    return JobGpuRollup(
+        bucket_ts=bucket, job_id=first.job_id, node=first.node, gpu_index=first.gpu_index, first_ts=first.ts,
+        samples=len(pieces), duration_s=sum(p.duration_s for p in pieces), known_s=sum(p.duration_s for p in known),
+        used_gpu_s=sum(p.used_gpu_s or 0.0 for p in known), memory_used_mib_max=max(memory) if memory else None,
+        memory_total_mib=max(totals) if totals else None,
+    )
+
+
+def rollup_slices(row: JobGpuRollup) -> list[SampleSlice]:
+    """A rollup as the slices reports read: its known part at the mean utilization, the rest unknown."""
+    result: list[SampleSlice] = []
+    if row.known_s > 0:
+        util = 100.0 * row.used_gpu_s / row.known_s
+        result.append(SampleSlice(row.job_id, row.node, row.gpu_index, row.first_ts, row.known_s, util,
+                                  row.memory_used_mib_max, row.memory_total_mib))
+    if row.duration_s - row.known_s > 1e-9:
+        result.append(SampleSlice(row.job_id, row.node, row.gpu_index, row.first_ts, row.duration_s - row.known_s,
+                                  None, row.memory_used_mib_max, row.memory_total_mib))
+    return result
+
+
+def _set_mark(session: Session, mark: float) -> None:
+    state = session.get(RetentionState, 1)
+    if state is None:
+        session.add(RetentionState(id=1, rolled_until=mark))
+    else:
+        state.rolled_until = max(state.rolled_until, mark)

@@ -1,0 +1,128 @@
+"""The stores on SQLite and MariaDB (`db_url`), and the agent role's grants on the cluster's MariaDB."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from sqlalchemy import delete, func, select, text, update
+
+from slurm_aigc.db import GpuSample, JobGpuSample, NodePublication, ProcessSample, open_database, read_url_file, transaction
+from slurm_aigc.errors import DatabaseError
+from slurm_aigc.localcluster.manager import LocalCluster
+from slurm_aigc.reclaim.ladder import PlannedAction
+from slurm_aigc.reclaim.store import ReclaimStore
+from slurm_aigc.telemetry.attribution import JobGpuUsage
+from slurm_aigc.telemetry.records import GpuProcess, GpuReading, NodeReading
+from slurm_aigc.telemetry.store import Publication, TelemetryStore
+
+T0 = datetime(2026, 12, 1, 10, tzinfo=UTC)
+
+
+def reading(node: str, ts: datetime = T0, util: float = 40.0) -> NodeReading:
+    gpus = tuple(GpuReading(index=i, uuid=f"GPU-{i}", memory_total_mib=81920.0, memory_used_mib=1024.0,
+                            sm_util_pct=util, power_draw_w=100.0, power_limit_w=400.0,
+                            processes=(GpuProcess(pid=100 + i, used_memory_mib=1024.0),)) for i in range(2))
+    return NodeReading(node=node, ts=ts, driver_version="550.54", gpus=gpus)
+
+
+def uses() -> list[JobGpuUsage]:
+    return [JobGpuUsage("41", i, 40.0, 1024.0, False, (100 + i,)) for i in range(2)]
+
+
+def plan(key: str = "41/r0/idle/0:notify") -> PlannedAction:
+    return PlannedAction(observation_key=key, job_id="41", user="alice", account="ml", job_class="train",
+                         verdict="idle", action="notify", step=0, dry_run=False, restarts_before=0,
+                         gpus_before=2, gpus_after=2, gpu_hours_recovered=None, message="idle for 60 min")
+
+
+def test_telemetry_store_round_trip(db_url: str) -> None:
+    store = TelemetryStore(open_database(db_url))
+    assert store.write_poll(reading("a100-01"), {100: "41", 101: "41"}, uses()) == 6
+    assert store.write_poll(reading("a100-02", util=80.0), {}, []) == 4
+    assert store.mean_util_by_node(T0.timestamp() - 1) == {"a100-01": 40.0, "a100-02": 80.0}
+    store.record_publication(Publication(T0.timestamp(), "a100-01", ("a100",), ("a100", "idle"), 10, 5, "idle", False))
+    assert [p.features_after for p in store.publications("a100-01")] == [("a100", "idle")]
+    assert store.last_published_weights() == {"a100-01": 5}
+
+
+def test_reclaim_store_records_an_observation_once(db_url: str) -> None:
+    factory = open_database(db_url)
+    TelemetryStore(factory).write_poll(reading("a100-01"), {100: "41", 101: "41"}, uses())
+    store = ReclaimStore(factory)
+    action_id = store.record_intent(plan(), {"why": "idle"}, 1000.5)
+    assert action_id is not None and store.record_intent(plan(), {}, 1001.0) is None
+    store.record_outcome(action_id, "done", {"sent": True}, 1002.25)
+    row = store.audit(job_id="41")[0]
+    assert (row.state, row.ts_intent, row.ts_outcome, dict(row.detail)) == ("done", 1000.5, 1002.25, {"sent": True, "why": "idle"})
+    samples = store.samples(["41"], T0.timestamp() - 1)
+    assert [(s.gpu_index, s.ts, s.sm_util_pct) for s in samples] == [(0, T0.timestamp(), 40.0), (1, T0.timestamp(), 40.0)]
+    assert store.newest_sample_ts() == T0.timestamp()
+
+
+# ---------------------------------------------------------------- least privilege
+
+def _role_url(role: str) -> str:
+    return read_url_file(LocalCluster().db_url_file(role))
+
+
+@pytest.fixture
+def agent_and_controller(mariadb: object) -> Iterator[tuple[str, str, str]]:
+    """The cluster database's agent and controller URLs, and a node name no one else writes."""
+    node = f"test-{uuid.uuid4().hex[:10]}"
+    controller = _role_url("controller")
+    yield _role_url("agent"), controller, node
+    with transaction(open_database(controller)) as session:
+        for table in (GpuSample, ProcessSample, JobGpuSample):
+            session.execute(delete(table).where(table.node == node))
+
+
+def test_agent_role_may_add_samples(agent_and_controller: tuple[str, str, str]) -> None:
+    agent, controller, node = agent_and_controller
+    assert TelemetryStore(open_database(agent)).write_poll(reading(node), {100: "41"}, uses()) == 6
+    with transaction(open_database(controller)) as session:
+        assert session.scalar(select(func.count()).select_from(JobGpuSample).where(JobGpuSample.node == node)) == 2
+
+
+@pytest.mark.parametrize("statement", [
+    "INSERT INTO actions (observation_key, ts_intent, job_id, verdict, action, step, dry_run, state, detail) "
+    "VALUES ('x', 1, '1', 'idle', 'requeue', 0, 0, 'done', '')",
+    "INSERT INTO node_publications (ts, node, reason, dry_run) VALUES (1, 'n', 'x', 0)",
+    "UPDATE gpu_samples SET sm_util_pct = 0",
+    "DELETE FROM job_gpu_samples",
+    "SELECT count(*) FROM actions",
+    "DROP TABLE gpu_samples",
+    "ALTER TABLE gpu_samples ADD COLUMN x INT",
+    "CREATE TABLE evil (id INT)",
+])
+def test_agent_role_forbidden_statements_are_refused(agent_and_controller: tuple[str, str, str], statement: str) -> None:
+    agent, _controller, _node = agent_and_controller
+    factory = open_database(agent)
+    with pytest.raises(DatabaseError, match="denied"):
+        with transaction(factory) as session:
+            session.execute(text(statement))
+
+
+def test_agent_role_cannot_record_actions_or_publications_through_the_stores(
+        agent_and_controller: tuple[str, str, str]) -> None:
+    agent, _controller, node = agent_and_controller
+    factory = open_database(agent)
+    with pytest.raises(DatabaseError, match="denied"):
+        TelemetryStore(factory).record_publication(Publication(1.0, node, None, None, None, 1, "x", False))
+    with pytest.raises(DatabaseError, match="denied"):
+        ReclaimStore(factory).record_intent(plan(f"{node}/r0"), {}, 1.0)
+    with pytest.raises(DatabaseError, match="denied"):
+        with transaction(factory) as session:
+            session.execute(update(NodePublication).values(reason="x"))
+
+
+def test_agent_role_cannot_create_the_schema(mariadb: object, tmp_path: Path) -> None:
+    # On an empty database the agent says who must create the schema instead of failing obscurely.
+    server = mariadb
+    url = server.create_database()  # type: ignore[attr-defined]
+    agent_user = _role_url("agent").split("://", 1)[1].split("@", 1)[0]
+    with pytest.raises(DatabaseError, match="denied|this role may not create"):
+        open_database(url.replace(url.split("://", 1)[1].split("@", 1)[0], agent_user, 1))
