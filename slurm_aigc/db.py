@@ -501,3 +501,44 @@ def _short(error: SQLAlchemyError, url: str) -> str:
     original = getattr(error, "orig", None)
     message = str(original) if original is not None else str(error)
     return scrub(message.splitlines()[0] if message else type(error).__name__, url)
+
+
+# ---------------------------------------------------------------- checks (`slurm-aigc doctor`)
+
+# What a role may do, each probed by a statement that changes no row (WHERE 1 = 0): the
+# database checks the privilege all the same.
+PRIVILEGE_PROBES: dict[str, str] = {
+    "add samples": "INSERT INTO job_gpu_samples (ts, node, job_id, gpu_index, shared) SELECT 0, '', '', 0, 0{dual} WHERE 1 = 0",
+    "read samples": "SELECT id FROM job_gpu_samples WHERE 1 = 0",
+    "write actions": "INSERT INTO actions (observation_key, ts_intent, job_id, verdict, action, step, dry_run, state, "
+                     "detail) SELECT '', 0, '', '', '', 0, 0, '', ''{dual} WHERE 1 = 0",
+    "write publications": "INSERT INTO node_publications (ts, node, reason, dry_run) SELECT 0, '', '', 0{dual} WHERE 1 = 0",
+    "update rows": "UPDATE actions SET state = 'x' WHERE 1 = 0",
+    "delete samples": "DELETE FROM job_gpu_samples WHERE 1 = 0",
+}
+
+
+def probe_privileges(factory: sessionmaker[Session]) -> dict[str, bool]:
+    """Which of `PRIVILEGE_PROBES` the role may run (SQLite: all of them)."""
+    result: dict[str, bool] = {}
+    for name, statement in PRIVILEGE_PROBES.items():
+        try:
+            with transaction(factory) as session:
+                dual = " FROM DUAL" if session.get_bind().dialect.name in ("mysql", "mariadb") else ""
+                session.execute(text(statement.format(dual=dual)))
+                session.rollback()
+            result[name] = True
+        except DatabaseError as error:
+            if not is_permission_denied(error):
+                raise
+            result[name] = False
+    return result
+
+
+def server_time(factory: sessionmaker[Session]) -> float | None:
+    """The database server's clock as a Unix time (None for SQLite, which has no server)."""
+    queries = {"mysql": "SELECT UNIX_TIMESTAMP(NOW(6))", "mariadb": "SELECT UNIX_TIMESTAMP(NOW(6))",
+               "postgresql": "SELECT EXTRACT(EPOCH FROM clock_timestamp())"}
+    with transaction(factory) as session:
+        query = queries.get(session.get_bind().dialect.name)
+        return None if query is None else float(session.scalar(text(query)))

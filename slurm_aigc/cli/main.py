@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("slurm_aigc.cli.demo", "demo"),
     "shipped": ("slurm_aigc.cli.shipped", "shipped"),
     "gpu-check": ("slurm_aigc.cli.gpucheck", "gpu_check"),
+    "doctor": ("slurm_aigc.cli.doctor", "doctor"),
 }
 
 

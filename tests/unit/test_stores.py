@@ -10,7 +10,16 @@ from pathlib import Path
 import pytest
 from sqlalchemy import delete, func, select, text, update
 
-from slurm_aigc.db import GpuSample, JobGpuSample, NodePublication, ProcessSample, open_database, read_url_file, transaction
+from slurm_aigc.db import (
+    GpuSample,
+    JobGpuSample,
+    NodePublication,
+    ProcessSample,
+    open_database,
+    probe_privileges,
+    read_url_file,
+    transaction,
+)
 from slurm_aigc.errors import DatabaseError
 from slurm_aigc.localcluster.manager import LocalCluster
 from slurm_aigc.reclaim.ladder import PlannedAction
@@ -126,3 +135,11 @@ def test_agent_role_cannot_create_the_schema(mariadb: object, tmp_path: Path) ->
     agent_user = _role_url("agent").split("://", 1)[1].split("@", 1)[0]
     with pytest.raises(DatabaseError, match="denied|this role may not create"):
         open_database(url.replace(url.split("://", 1)[1].split("@", 1)[0], agent_user, 1))
+
+
+def test_doctor_probes_see_the_agent_and_controller_grants(agent_and_controller: tuple[str, str, str]) -> None:
+    agent, controller, _node = agent_and_controller
+    assert probe_privileges(open_database(agent)) == {
+        "add samples": True, "read samples": False, "write actions": False, "write publications": False,
+        "update rows": False, "delete samples": False}
+    assert all(probe_privileges(open_database(controller)).values())

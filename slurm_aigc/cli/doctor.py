@@ -1,0 +1,194 @@
+"""`slurm-aigc doctor`: is this host ready to run its part of slurm-aigc? Says what to fix.
+
+Run on a compute node (`--role agent`) or the controller host (`--role controller`). Each
+check gives one line: the database (reachable, schema, what the role can and cannot write),
+Slurm (slurmctld answers, rights to update nodes and jobs), NVML (agent), the policy, the
+Prolog piece (agent) and the clock against the database server. Exit 1 when any check fails.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import click
+
+from slurm_aigc.errors import AigcError
+
+MAX_SKEW_S = 2.0  # idle windows are minutes, but samples and actions are ordered by these clocks
+PROLOG_MARK = "slurm-aigc"
+
+# What each role must and must not be able to do (docs/deploy.md, "Database roles").
+EXPECTED: dict[str, dict[str, bool]] = {
+    "agent": {"add samples": True, "write actions": False, "write publications": False,
+              "update rows": False, "delete samples": False},
+    "controller": {"add samples": True, "read samples": True, "write actions": True,
+                   "write publications": True, "update rows": True, "delete samples": True},
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One check's verdict: `fix` says what to do when it failed."""
+
+    check: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+@dataclass
+class DoctorEnv:
+    """What the checks touch, as functions, so tests hand in fakes."""
+
+    open_db: Callable[[str | None], object]
+    privileges: Callable[[object], dict[str, bool]]
+    server_time: Callable[[object], float | None]
+    slurm_config: Callable[[], dict[str, str]]
+    slurm_ping: Callable[[], bool]
+    slurm_admin_level: Callable[[], str]
+    nvml_gpus: Callable[[], int]
+    load_policy: Callable[[str | None], object]
+    read_text: Callable[[str], str]
+    clock: Callable[[], float] = time.time
+    euid: Callable[[], int] = os.geteuid
+
+
+def check_database(env: DoctorEnv, role: str, db_url: str | None) -> list[Finding]:
+    try:
+        factory = env.open_db(db_url)
+    except AigcError as error:
+        return [Finding("database", False, str(error), "check the URL file (docs/deploy.md, step 1) and the server")]
+    findings = [Finding("database", True, "reachable, schema current")]
+    can = env.privileges(factory)
+    wrong = [name for name, wanted in EXPECTED[role].items() if can.get(name) != wanted]
+    summary = ", ".join(f"{'can' if can[name] else 'cannot'} {name}" for name in can)
+    if wrong:
+        fix = (f"grant the {role} role exactly what docs/deploy.md lists (wrong: "
+               + ", ".join(f"{name} should be {'allowed' if EXPECTED[role][name] else 'refused'}" for name in wrong) + ")")
+        findings.append(Finding(f"database role ({role})", False, summary, fix))
+    else:
+        findings.append(Finding(f"database role ({role})", True, summary))
+    findings.append(_skew(env, factory))
+    return findings
+
+
+def _skew(env: DoctorEnv, factory: object) -> Finding:
+    before = env.clock()
+    server = env.server_time(factory)
+    if server is None:
+        return Finding("clock", True, "SQLite: no database server to compare with")
+    skew = server - (before + env.clock()) / 2
+    if abs(skew) > MAX_SKEW_S:
+        return Finding("clock", False, f"this host is {skew:+.1f} s off the database server",
+                       "run chrony/ntpd on every host (`chronyc tracking`)")
+    return Finding("clock", True, f"{skew:+.2f} s from the database server")
+
+
+def check_slurm(env: DoctorEnv, role: str) -> list[Finding]:
+    try:
+        if not env.slurm_ping():
+            return [Finding("slurm", False, "slurmctld does not answer `scontrol ping`", "check SLURM_CONF and munge")]
+        config = env.slurm_config()
+    except AigcError as error:
+        return [Finding("slurm", False, str(error), "install the Slurm client and munge on this host")]
+    findings = [Finding("slurm", True, f"slurmctld answers ({config.get('SLURM_VERSION', '?')})")]
+    # Both update Slurm: the controller jobs and node weights, the agent its node's static features.
+    level = "root" if env.euid() == 0 else env.slurm_admin_level()
+    allowed = level in ("root", "Operator", "Administrator")
+    findings.append(Finding("slurm rights", allowed, f"runs as {level or 'a plain user'}",
+                            "" if allowed else "run the daemon as root, or "
+                            "`sacctmgr modify user NAME set adminlevel=Operator`"))
+    if role == "agent":
+        findings.append(_prolog(env, config))
+    return findings
+
+
+def _prolog(env: DoctorEnv, config: dict[str, str]) -> Finding:
+    scripts = [config.get(key, "") for key in ("Prolog", "Epilog", "TaskProlog")]
+    configured = [path for path in scripts if path and path != "(null)"]
+    for path in configured:
+        try:
+            if PROLOG_MARK in env.read_text(path):
+                return Finding("prolog", True, f"{path} records job GPUs for slurm-aigc")
+        except OSError:
+            continue
+    return Finding("prolog", False, "no Prolog/Epilog of slurm.conf calls slurm-aigc" if not configured
+                   else f"{', '.join(configured)} do not call slurm-aigc",
+                   "add the Prolog lines of docs/deploy.md (step 6) to slurm.conf and `scontrol reconfigure`")
+
+
+def check_nvml(env: DoctorEnv) -> Finding:
+    try:
+        count = env.nvml_gpus()
+    except AigcError as error:
+        return Finding("nvml", False, str(error), "install the NVIDIA driver (libnvidia-ml) on this node")
+    return Finding("nvml", count > 0, f"{count} GPUs", "" if count else "no GPU visible to NVML")
+
+
+def check_policy(env: DoctorEnv, config_path: str | None) -> Finding:
+    try:
+        policy = env.load_policy(config_path)
+    except AigcError as error:
+        return Finding("policy", False, str(error), "fix the file (`slurm-aigc policy check`)")
+    return Finding("policy", True, f"{getattr(policy, 'source', config_path)} valid")
+
+
+def run_checks(env: DoctorEnv, role: str, db_url: str | None, config_path: str | None) -> list[Finding]:
+    findings = check_database(env, role, db_url) + check_slurm(env, role) + [check_policy(env, config_path)]
+    if role == "agent":
+        findings.append(check_nvml(env))
+    return findings
+
+
+def render(findings: Sequence[Finding]) -> str:
+    lines = []
+    for item in findings:
+        lines.append(f"{'ok  ' if item.ok else 'FAIL'}  {item.check}: {item.detail}")
+        if not item.ok and item.fix:
+            lines.append(f"      fix: {item.fix}")
+    return "\n".join(lines)
+
+
+def real_env() -> DoctorEnv:
+    from slurm_aigc.db import open_database, probe_privileges, server_time
+    from slurm_aigc.policy.loader import load_policy
+    from slurm_aigc.slurm import SlurmCli
+    from slurm_aigc.telemetry.nvml import NvmlBackend
+
+    slurm = SlurmCli()
+
+    def admin_level() -> str:
+        user = os.environ.get("USER") or str(os.geteuid())
+        out = slurm.run("sacctmgr", ["-nP", "show", "user", user, "format=adminlevel"]).stdout.strip()
+        return out.splitlines()[0] if out else ""
+
+    def nvml_gpus() -> int:
+        backend = NvmlBackend(node="doctor")
+        backend.start()
+        try:
+            return len(backend.read().gpus)
+        finally:
+            backend.close()
+
+    return DoctorEnv(
+        open_db=open_database, privileges=probe_privileges, server_time=server_time,  # type: ignore[arg-type]
+        slurm_config=slurm.show_config, slurm_ping=slurm.ping, slurm_admin_level=admin_level,
+        nvml_gpus=nvml_gpus, load_policy=load_policy, read_text=lambda path: open(path, encoding="utf-8").read(),
+    )
+
+
+@click.command()
+@click.option("--role", type=click.Choice(["agent", "controller"]), required=True,
+              help="What this host runs: agent (compute node) or controller.")
+@click.option("--db", "db_url", default=None,
+              help="Database URL or credentials file (default: $SLURM_AIGC_DB_URL, /etc/slurm-aigc/db.url).")
+@click.option("--config", "config_path", default=None, help="Policy file (default: $SLURM_AIGC_CONFIG or /etc/slurm-aigc/slurm-aigc.yaml).")
+def doctor(role: str, db_url: str | None, config_path: str | None) -> None:
+    """Check this host's database role, Slurm rights, NVML, policy, Prolog and clock; say what to fix."""
+    findings = run_checks(real_env(), role, db_url, config_path)
+    click.echo(render(findings))
+    if not all(item.ok for item in findings):
+        raise SystemExit(1)

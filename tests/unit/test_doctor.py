@@ -1,0 +1,102 @@
+"""`slurm-aigc doctor` with fakes: each broken piece gives a FAIL line with its fix and exit 1."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from slurm_aigc.cli import doctor as doc
+from slurm_aigc.db import open_database, probe_privileges, server_time
+from slurm_aigc.errors import ConfigError, DatabaseError, NvmlUnavailableError
+
+AGENT_CAN = {"add samples": True, "read samples": False, "write actions": False, "write publications": False,
+             "update rows": False, "delete samples": False}
+CONTROLLER_CAN = dict.fromkeys(AGENT_CAN, True)
+
+
+def env(**changes: object) -> doc.DoctorEnv:
+    healthy = doc.DoctorEnv(
+        open_db=lambda url: object(), privileges=lambda factory: dict(AGENT_CAN), server_time=lambda f: 1000.0,
+        slurm_config=lambda: {"SLURM_VERSION": "22.05.8", "Prolog": "/etc/slurm/prolog.sh", "SlurmUser": "slurm(64030)"},
+        slurm_ping=lambda: True, slurm_admin_level=lambda: "Operator", nvml_gpus=lambda: 8,
+        load_policy=lambda path: object(), read_text=lambda path: "exec slurm-aigc-jobrecord prolog\n",
+        clock=lambda: 1000.0, euid=lambda: 0,
+    )
+    return replace(healthy, **changes)  # type: ignore[arg-type]
+
+
+def failed(findings: list[doc.Finding]) -> dict[str, doc.Finding]:
+    return {item.check: item for item in findings if not item.ok}
+
+
+def test_a_healthy_agent_host_passes() -> None:
+    findings = doc.run_checks(env(), "agent", None, None)
+    assert failed(findings) == {}
+    assert [f.check for f in findings] == ["database", "database role (agent)", "clock", "slurm", "slurm rights",
+                                           "prolog", "policy", "nvml"]
+
+
+def test_an_agent_role_that_can_write_actions_fails_with_the_grant_to_fix() -> None:
+    findings = failed(doc.run_checks(env(privileges=lambda f: dict(CONTROLLER_CAN)), "agent", None, None))
+    assert set(findings) == {"database role (agent)"}
+    assert "write actions should be refused" in findings["database role (agent)"].fix
+    assert "delete samples should be refused" in findings["database role (agent)"].fix
+
+
+def test_a_controller_role_that_cannot_write_actions_fails() -> None:
+    findings = failed(doc.run_checks(env(privileges=lambda f: dict(AGENT_CAN)), "controller", None, None))
+    assert "write actions should be allowed" in findings["database role (controller)"].fix
+
+
+def test_unreachable_database_says_so() -> None:
+    def down(url: str | None) -> object:
+        raise DatabaseError("cannot open database mysql+pymysql://a:***@db1/slurm_aigc: Connection refused")
+    findings = failed(doc.run_checks(env(open_db=down), "agent", None, None))
+    assert "Connection refused" in findings["database"].detail and "***" in findings["database"].detail
+
+
+def test_clock_skew_against_the_database_server() -> None:
+    findings = failed(doc.run_checks(env(server_time=lambda f: 1007.5), "controller", None, None))
+    assert findings["clock"].detail == "this host is +7.5 s off the database server"
+    assert "chrony" in findings["clock"].fix
+
+
+def test_missing_prolog_nvml_policy_and_rights() -> None:
+    def no_nvml() -> int:
+        raise NvmlUnavailableError("NVML could not start: NVML Shared Library Not Found")
+
+    def bad_policy(path: str | None) -> object:
+        raise ConfigError("/etc/slurm-aigc/slurm-aigc.yaml", "storage.raw_retention_hours", "must be > 0")
+    broken = env(slurm_config=lambda: {"Prolog": "(null)"}, nvml_gpus=no_nvml, load_policy=bad_policy,
+                 euid=lambda: 1000, slurm_admin_level=lambda: "None")
+    findings = failed(doc.run_checks(broken, "agent", None, None))
+    assert set(findings) == {"prolog", "nvml", "policy", "slurm rights"}
+    assert "docs/deploy.md" in findings["prolog"].fix and "adminlevel=Operator" in findings["slurm rights"].fix
+    assert "raw_retention_hours" in findings["policy"].detail
+
+
+def test_slurmctld_down() -> None:
+    findings = failed(doc.run_checks(env(slurm_ping=lambda: False), "controller", None, None))
+    assert findings["slurm"].detail == "slurmctld does not answer `scontrol ping`"
+
+
+def test_command_exit_code_and_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(doc, "real_env", lambda: env(server_time=lambda f: 990.0))
+    result = CliRunner().invoke(doc.doctor, ["--role", "agent"])
+    assert result.exit_code == 1
+    assert "FAIL  clock: this host is -10.0 s off the database server" in result.output
+    monkeypatch.setattr(doc, "real_env", lambda: env())
+    assert CliRunner().invoke(doc.doctor, ["--role", "agent"]).exit_code == 0
+
+
+def test_probes_on_sqlite_change_nothing(tmp_path: Path) -> None:
+    # The real probes (WHERE 1 = 0) on SQLite: every privilege, no row written, no server clock.
+    factory = open_database(f"sqlite:///{tmp_path / 'state.db'}")
+    assert probe_privileges(factory) == CONTROLLER_CAN
+    assert server_time(factory) is None
+    findings = failed(doc.run_checks(env(open_db=lambda url: factory, privileges=probe_privileges,
+                                         server_time=server_time), "agent", None, None))
+    assert "write actions should be refused" in findings["database role (agent)"].fix
