@@ -755,13 +755,11 @@ local function check_claim(view, tags, problems)
     return problems
 end
 
--- The class: on modify the one stamped at submit (an owner cannot re-class a job), else the
--- tag's `type`, else the detection rules.
+-- The class the rules use: the tag's `type`, else the detection rules. On modify this may
+-- differ from the stamp written at submit, which stays (22.05 refuses an owner's update that
+-- sets admin_comment): a re-tag changes how the owner's own job is placed, never what the
+-- daemons believe.
 local function job_class(view, tags)
-    if view.modify then
-        local stamped = stamp_of(get(view, "admin_comment"))
-        if stamped.class then return stamped.class end
-    end
     return tags and tags.type or detect_class(view)
 end
 

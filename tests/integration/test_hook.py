@@ -12,7 +12,7 @@ import pwd
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from slurm_aigc.policy.loader import load_policy, parse_policy_text
 from slurm_aigc.policy.paths import shipped_policy
 from slurm_aigc.policy.render import render_hook
 from slurm_aigc.slurm import JobInfo
+from slurm_aigc.tags import trusted_class, trusted_opt_out
 from tests.integration.helpers import cancel_quietly, submit, wait_for, wait_job_state
 
 pytestmark = pytest.mark.cluster
@@ -85,14 +86,45 @@ def classify(*args: str, uid: int) -> dict[str, Any]:
     return document
 
 
-SCONTROL_FIELD = {"tres_per_node": "TresPerNode", "features": "Features", "prefer": "Prefer", "comment": "Comment"}
+def _gres(text: str | None) -> str:
+    """`gres:shard:20` / `gres/shard:20` / `shard:20` -> `shard:20` (22.05 Lua vs scontrol spelling)."""
+    entries = [e.split(":", 1)[1] if e.startswith(("gres:", "gres/")) else e for e in (text or "").split(",") if e]
+    return ",".join(entries)
 
 
-def assert_classify_agrees(info: JobInfo, predicted: dict[str, Any]) -> None:
-    for field, (_, after) in predicted["changes"].items():
-        if field in SCONTROL_FIELD:
-            shown = info.fields.get(SCONTROL_FIELD[field], "").strip()
-            assert shown == (after or "(null)"), f"{field}: classify said {after!r}, slurmctld has {shown!r}"
+def _text(text: str | None) -> str:
+    value = (text or "").strip()
+    return "" if value == "(null)" else value
+
+
+# Every job_desc field the hook may write (docs/hook.md), read back from slurmctld.
+SLURMCTLD_VALUE: dict[str, Callable[[JobInfo], object]] = {
+    "partition": lambda info: info.partition,
+    "qos": lambda info: info.qos,
+    "time_limit": lambda info: None if info.time_limit_s is None else info.time_limit_s // 60,
+    "tres_per_node": lambda info: _gres(info.tres_per_node),
+    "tres_per_job": lambda info: _gres(_text(info.fields.get("TresPerJob"))),
+    "features": lambda info: _text(info.features),
+    "prefer": lambda info: _text(info.fields.get("Prefer")),
+    "comment": lambda info: _text(info.comment),
+    "admin_comment": lambda info: _text(info.admin_comment),
+}
+NORMALISE: dict[str, Callable[[str | None], str]] = {"tres_per_node": _gres, "tres_per_job": _gres}
+
+
+def assert_classify_agrees(info: JobInfo, predicted: dict[str, Any], submitted: dict[str, str | None]) -> None:
+    """Every field classify changed is what slurmctld holds; every field it left is as submitted."""
+    unknown = set(predicted["changes"]) - set(SLURMCTLD_VALUE)
+    assert not unknown, f"classify changed fields this test cannot read back: {unknown}"
+    for field, read in SLURMCTLD_VALUE.items():
+        if field in predicted["changes"]:
+            expected = predicted["changes"][field][1]
+        elif field in submitted:
+            expected = submitted[field]
+        else:
+            continue
+        expected = NORMALISE.get(field, _text)(expected) if not isinstance(expected, int) else expected
+        assert read(info) == expected, f"{field}: classify said {expected!r}, slurmctld has {read(info)!r}"
 
 
 def test_small_inference_runs_on_shards_of_a_gpu_that_fits(cluster: Any, hook_installed: Path, jobs: list[str]) -> None:
@@ -101,8 +133,9 @@ def test_small_inference_runs_on_shards_of_a_gpu_that_fits(cluster: Any, hook_in
     info = wait_job_state(cluster, jobs[0], "RUNNING", timeout_s=60)
     assert re.search(r"\bshard:20\b", info.tres_per_node), info.tres_per_node
     assert info.features == "a100" and node_type(info.node_list) == "a100"
-    assert info.comment.strip() == f"{comment} aigc_class=infer"
-    assert_classify_agrees(info, classify("--comment", comment, "--gres", "gpu:1", uid=alice_uid()))
+    assert info.comment.strip() == comment and info.admin_comment == "aigc_class=infer"
+    assert_classify_agrees(info, classify("--comment", comment, "--gres", "gpu:1", uid=alice_uid()),
+                           {"comment": comment, "prefer": None, "tres_per_job": None})
 
 
 def test_vram_that_does_not_fit_keeps_job_off_small_gpus(cluster: Any, hook_installed: Path, jobs: list[str]) -> None:
@@ -111,7 +144,8 @@ def test_vram_that_does_not_fit_keeps_job_off_small_gpus(cluster: Any, hook_inst
     info = wait_job_state(cluster, jobs[0], "RUNNING", timeout_s=60)
     assert info.features == "a100" and re.search(r"gpu:1$", info.tres_per_node)
     assert node_type(info.node_list) == "a100"
-    assert_classify_agrees(info, classify("--comment", comment, "--gres", "gpu:1", uid=alice_uid()))
+    assert_classify_agrees(info, classify("--comment", comment, "--gres", "gpu:1", uid=alice_uid()),
+                           {"comment": comment, "tres_per_node": "gpu:1", "prefer": None})
 
 
 def test_small_vram_may_use_a_t4(cluster: Any, hook_installed: Path, jobs: list[str]) -> None:
@@ -127,7 +161,8 @@ def test_multi_gpu_training_is_kept_on_nvlink_nodes(cluster: Any, hook_installed
     jobs.append(submit(cluster, SLEEP, "--gres=gpu:4", "-N1", f"--comment={comment}"))
     info = wait_job_state(cluster, jobs[0], "RUNNING", timeout_s=60)
     assert info.features == "a100" and node_type(info.node_list) == "a100"
-    assert_classify_agrees(info, classify("--comment", comment, "--gres", "gpu:4", "--nodes", "1", uid=alice_uid()))
+    assert_classify_agrees(info, classify("--comment", comment, "--gres", "gpu:4", "--nodes", "1", uid=alice_uid()),
+                           {"comment": comment, "tres_per_node": "gpu:4", "prefer": None, "tres_per_job": None})
 
 
 def test_model_prefers_nodes_publishing_it(cluster: Any, hook_installed: Path, published: Path, jobs: list[str]) -> None:
@@ -142,7 +177,8 @@ def test_model_prefers_nodes_publishing_it(cluster: Any, hook_installed: Path, p
         held = job(cluster, jobs[0])
         # The preference repeats the shard rule's a100 constraint (22.05 tries it instead of it).
         assert held.fields.get("Prefer") == f"a100&model_{MODEL}" and held.features == "a100"
-        assert_classify_agrees(held, classify("--comment", comment, "--gres", "gpu:1", uid=alice_uid()))
+        assert_classify_agrees(held, classify("--comment", comment, "--gres", "gpu:1", uid=alice_uid()),
+                               {"comment": comment})
         cluster.slurm.release(jobs[0])
         info = wait_job_state(cluster, jobs[0], "RUNNING", timeout_s=60)
         assert info.node_list == serving
@@ -161,7 +197,12 @@ def test_root_and_untagged_jobs_are_unchanged(cluster: Any, hook_installed: Path
         info = job(cluster, job_id)
         assert re.search(r"gpu:1$", info.tres_per_node) and info.features in ("", "(null)")
         assert info.comment.strip() == comment
-    assert classify("--comment", "just my notes", "--gres", "gpu:1", uid=alice_uid())["changes"] == {}
+    assert _text(job(cluster, jobs[0]).admin_comment) == ""  # root's jobs are never touched
+    assert job(cluster, jobs[1]).admin_comment == "aigc_class=unknown"  # only stamped
+    predicted = classify("--comment", "just my notes", "--gres", "gpu:1", uid=alice_uid())
+    assert set(predicted["changes"]) == {"admin_comment"}
+    assert_classify_agrees(job(cluster, jobs[1]), predicted, {"comment": "just my notes", "tres_per_node": "gpu:1",
+                                                               "features": None, "prefer": None})
 
 
 def test_update_of_a_pending_job_is_rewritten_too(cluster: Any, hook_installed: Path, jobs: list[str]) -> None:
@@ -169,7 +210,41 @@ def test_update_of_a_pending_job_is_rewritten_too(cluster: Any, hook_installed: 
     subprocess.run(["su", "aigc-alice", "-s", "/bin/sh", "-c",
                     f"scontrol update JobId={jobs[0]} Comment=aigc:type=infer,vram=40G"], check=True, timeout=30)
     info = job(cluster, jobs[0])
-    assert info.features == "a100" and info.comment.strip() == "aigc:type=infer,vram=40G aigc_class=infer"
+    assert info.features == "a100" and info.comment.strip() == "aigc:type=infer,vram=40G"
+    # The class stays the one stamped at submit: an owner's update cannot re-class the job.
+    assert info.admin_comment == "aigc_class=unknown"
+
+
+def as_alice(command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["su", "aigc-alice", "-s", "/bin/sh", "-c", command], capture_output=True, text=True, timeout=30)
+
+
+def test_the_trusted_class_is_one_its_owner_cannot_write(cluster: Any, hook_installed: Path, jobs: list[str]) -> None:
+    forged = "aigc:type=train,reclaim=no aigc_class=interactive"
+    jobs.append(submit(cluster, SLEEP, "--hold", "--gres=gpu:1", f"--comment={forged}"))
+    info = job(cluster, jobs[0])
+    assert info.admin_comment == "aigc_class=train aigc_reclaim=no"
+    assert info.comment.strip() == "aigc:type=train,reclaim=no"  # the forged stamp word is dropped
+    # sbatch has no option for it, and `scontrol update AdminComment=` by the owner is refused.
+    denied = as_alice(f"scontrol update JobId={jobs[0]} AdminComment=aigc_class=interactive")
+    assert denied.returncode != 0 and "denied" in (denied.stderr + denied.stdout).lower()
+    # The owner may rewrite the comment at will: the trusted class does not move.
+    assert as_alice(f"scontrol update JobId={jobs[0]} Comment='aigc_class=interactive aigc:type=interactive'").returncode == 0
+    info = job(cluster, jobs[0])
+    assert trusted_class(info.admin_comment) == "train" and trusted_opt_out(info.admin_comment)
+    assert "aigc_class" not in info.comment
+    # An admin's own AdminComment keeps the stamp in front (keep_stamp in the hook).
+    cluster.slurm.update_job(jobs[0], AdminComment="site note")
+    assert job(cluster, jobs[0]).admin_comment == "aigc_class=train aigc_reclaim=no; site note"
+
+
+def test_a_comment_only_update_keeps_the_time_limit(cluster: Any, hook_installed: Path, jobs: list[str]) -> None:
+    # imagegen's class default is 90 minutes in this policy; the job asked for 30.
+    jobs.append(submit(cluster, SLEEP, "--hold", "--time=30", "--comment=aigc:type=imagegen,share=no"))
+    assert job(cluster, jobs[0]).time_limit_s == 30 * 60
+    assert as_alice(f"scontrol update JobId={jobs[0]} Comment=aigc:type=imagegen,share=no,model=x").returncode == 0
+    info = job(cluster, jobs[0])
+    assert info.comment.strip() == "aigc:type=imagegen,share=no,model=x" and info.time_limit_s == 30 * 60
 
 
 def test_a_hook_that_raises_lets_jobs_through_unchanged(cluster: Any, hook_installed: Path, jobs: list[str]) -> None:

@@ -301,12 +301,23 @@ def test_modify_of_running_or_unrelated_fields_does_nothing(hook: HookRuntime) -
     assert hook.modify({"time_limit": 30}, pending, modify_uid=ALICE).changes == {}
 
 
-def test_modify_keeps_the_stamped_class_and_drops_user_stamps(hook: HookRuntime) -> None:
+def test_modify_keeps_the_stamp_and_drops_user_stamps(hook: HookRuntime) -> None:
     record = {"job_state": 0, "comment": "x", "gres": "gres:gpu:1", "admin_comment": "aigc_class=batch"}
     result = hook.modify({"comment": "aigc:type=infer,vram=20G aigc_class=interactive"}, record, modify_uid=ALICE)
-    assert result.job_class == "batch"  # an owner cannot re-class a submitted job
+    # The re-tag places the owner's own job; the stamp the daemons trust stays as submitted.
+    assert result.job_class == "infer" and result.changes["features"] == (None, "a100")
     assert result.changes["comment"] == ("aigc:type=infer,vram=20G aigc_class=interactive", "aigc:type=infer,vram=20G")
-    assert "admin_comment" not in result.changes
+    assert "admin_comment" not in result.after  # job_desc.admin_comment left unset: the record keeps its stamp
+
+
+def test_an_admins_admin_comment_update_keeps_the_stamp(hook: HookRuntime) -> None:
+    record = {"job_state": 1, "comment": "x", "admin_comment": "aigc_class=train aigc_reclaim=no"}
+    kept = hook.modify({"admin_comment": "site note"}, record, modify_uid=0)
+    assert kept.after["admin_comment"] == "aigc_class=train aigc_reclaim=no; site note"
+    cleared = hook.modify({"admin_comment": ""}, record, modify_uid=0)
+    assert cleared.after["admin_comment"] == "aigc_class=train aigc_reclaim=no"
+    reclassed = hook.modify({"admin_comment": "aigc_class=infer"}, record, modify_uid=0)  # on purpose
+    assert reclassed.after["admin_comment"] == "aigc_class=infer"
 
 
 def test_reclaim_opt_out_is_a_valid_key_for_the_hook(tmp_path: Path) -> None:
