@@ -11,8 +11,8 @@ from slurm_aigc.db import ActionRecord, JobGpuSample, open_database, transaction
 from slurm_aigc.report.figures import ReportParams, build_report
 from slurm_aigc.report.records import slices
 from slurm_aigc.report.sacct import parse_sacct_output
-from tests.unit.sacct_json import DELIMITER, FIELDS, text_to_json
 from slurm_aigc.report.samples import SampleStore
+from tests.unit.sacct_json import DELIMITER, FIELDS, text_to_json
 
 T0 = datetime(2026, 11, 30, 10, tzinfo=UTC).timestamp()
 
