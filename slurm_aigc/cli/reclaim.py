@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -50,6 +50,15 @@ def _controller(config_file: str | None, db_url: str | None, dry_run: bool | Non
     return controller, hooks
 
 
+def _retention(config_file: str | None, db_url: str | None) -> Callable[[], object]:
+    """Hourly rollup and pruning of raw samples (`storage.raw_retention_hours`; docs/deploy.md)."""
+    from slurm_aigc.policy.loader import load_policy
+    from slurm_aigc.report.retention import Retention, RetentionSchedule
+
+    hours = load_policy(config_file, hook_sections=False).storage.raw_retention_hours
+    return RetentionSchedule(Retention(open_database(db_url), hours), log=LOG.info)
+
+
 @click.command("controller")
 @config_option
 @db_option
@@ -68,9 +77,12 @@ def controller(config_file: str | None, db_url: str | None, interval_s: float | 
     ctl, hooks = _controller(config_file, db_url, dry_run, publisher, jobs)
     mode = "DRY-RUN (nothing is changed in Slurm)" if ctl.dry_run else "LIVE"
     click.echo(f"slurm-aigc controller: {mode}", err=True)
+    retention = None if once or jobs else _retention(config_file, db_url)
 
     def tick() -> None:
         report = ctl.tick()
+        if retention is not None:
+            retention()
         for result in report.reconciled + report.results:
             (click.echo if once else LOG.warning)(result.line())
         if once:

@@ -159,3 +159,27 @@ def _set_mark(session: Session, mark: float) -> None:
         session.add(RetentionState(id=1, rolled_until=mark))
     else:
         state.rolled_until = max(state.rolled_until, mark)
+
+
+class RetentionSchedule:
+    """Runs retention from a daemon's tick at most once per `every_s` (the controller: hourly)."""
+
+    def __init__(self, retention: Retention, every_s: float = BUCKET_S,
+                 monotonic: Callable[[], float] = time.monotonic, log: Callable[[str], None] = print) -> None:
+        self._retention = retention
+        self._every_s = every_s
+        self._monotonic = monotonic
+        self._log = log
+        self._last: float | None = None
+
+    def __call__(self) -> RetentionResult | None:
+        """Run when due (the first call always is); a database error propagates to the tick."""
+        now = self._monotonic()
+        if self._last is not None and now - self._last < self._every_s:
+            return None
+        self._last = now
+        result = self._retention.run()
+        if result.hours_rolled or any(result.deleted.values()):
+            self._log(f"retention: {result.hours_rolled} hour(s) rolled up into {result.rollup_rows} row(s) in "
+                      f"{result.rollup_s:.1f} s; deleted {sum(result.deleted.values())} raw row(s) in {result.delete_s:.1f} s")
+        return result

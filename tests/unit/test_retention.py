@@ -11,7 +11,7 @@ from sqlalchemy import event, func, insert, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from slurm_aigc.db import GpuSample, JobGpuRollup, JobGpuSample, open_database, transaction
-from slurm_aigc.report.retention import BUCKET_S, Retention, RetentionResult
+from slurm_aigc.report.retention import BUCKET_S, Retention, RetentionResult, RetentionSchedule
 from slurm_aigc.report.samples import SampleStore
 
 T0 = datetime(2026, 11, 30, 0, tzinfo=UTC).timestamp()
@@ -117,3 +117,16 @@ def test_bucket_is_an_hour() -> None:
     assert BUCKET_S == 3600.0
     with pytest.raises(ValueError, match="raw_retention_hours must be > 0"):
         Retention(sessionmaker(), raw_retention_hours=0)
+
+
+def test_the_controller_schedule_runs_retention_hourly(factory: sessionmaker[Session]) -> None:
+    clock = [0.0]
+    logged: list[str] = []
+    schedule = RetentionSchedule(Retention(factory, 48.0, clock=lambda: NOW), monotonic=lambda: clock[0],
+                                 log=logged.append)
+    first = schedule()
+    assert first is not None and first.hours_rolled == HOURS and logged[0].startswith("retention: 6 hour(s) rolled up")
+    clock[0] = 3599.0
+    assert schedule() is None
+    clock[0] = 3600.0
+    assert schedule() is not None and len(logged) == 1  # nothing left to do: nothing logged
