@@ -25,6 +25,7 @@ import re
 
 UNKNOWN_CLASS = "unknown"
 TAG_PREFIX = "aigc:"
+MAX_COMMENT_READ = 4096  # bytes of a comment the hook reads (MAX_COMMENT_READ in aigc_hook.lua)
 STAMP_KEYS = ("class", "reclaim")
 
 # Lua 5.1's %s in the C locale (slurmctld's): exactly these six bytes, not Python's \s.
@@ -34,8 +35,9 @@ _LUA_SPACE_RE = re.compile(f"[{re.escape(_LUA_SPACE)}]+")
 _KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _STAMP_WORD_RE = re.compile(r"aigc_([a-z]+)=([A-Za-z0-9_.:-]+)")  # `:` for aigc_signal=B:USR1
 _MODEL_UNSAFE_RE = re.compile(r"[^A-Za-z0-9_.\-]+")
-_VRAM_RE = re.compile(r"(\d+\.?\d*)[ \t\n\v\f\r]*([KkMmGgTt])[iI]?[bB]?")
+_VRAM_RE = re.compile(r"([0-9]+\.?[0-9]*)[ \t\n\v\f\r]*([KkMmGgTt])[iI]?[bB]?")  # Lua's %d is ASCII
 _UNIT_GIB = {"k": 1 / 1048576, "m": 1 / 1024, "g": 1.0, "t": 1024.0}
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 _BOOLEANS = {"yes": True, "true": True, "1": True, "on": True, "no": False, "false": False, "0": False, "off": False}
 
 
@@ -51,6 +53,8 @@ def tag_pairs(comment: str | None) -> list[tuple[str, str | None]]:
     """
     if not comment:
         return []
+    # The hook reads bytes: cut at the same byte, keep a split character as escaped bytes.
+    comment = comment.encode("utf-8", "surrogateescape")[:MAX_COMMENT_READ].decode("utf-8", "surrogateescape")
     at = comment.find(TAG_PREFIX)
     if at < 0:
         return []
@@ -80,19 +84,24 @@ def vram_gib(value: str) -> float | None:
     return gib if gib > 0 else None
 
 
+def ascii_lower(text: str) -> str:
+    """Lua's string.lower in the C locale: A-Z only (Python's lower() also folds e.g. the Kelvin sign)."""
+    return text.translate(_ASCII_LOWER)
+
+
 def _checked(key: str, value: str, classes: frozenset[str] | None) -> str | None:
     """The hook's `check_pair`, as text: the value kept, or None when the hook drops the pair."""
     if value == "":
         return None
     if key == "type":
-        cls = value.lower()
+        cls = ascii_lower(value)
         return cls if classes is None or cls in classes else None
     if key == "model":
         return clean_model(value) or None
     if key == "vram":
         return value if vram_gib(value) is not None else None
     if key in ("share", "nvlink", "reclaim"):
-        flag = _BOOLEANS.get(value.lower())
+        flag = _BOOLEANS.get(ascii_lower(value))
         return None if flag is None else ("yes" if flag else "no")
     return None
 

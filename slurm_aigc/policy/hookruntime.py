@@ -273,7 +273,8 @@ class HookRuntime:
 
     def parse_tags(self, comment: str) -> tuple[dict[str, Any], list[str]]:
         """The hook's own `parse_tags(comment)`: (accepted tags, the text of each bad pair)."""
-        tags, problems = self._pure(b"parse_tags")(_to_lua(comment))
+        returned = self._pure(b"parse_tags")(_to_lua(comment))
+        tags, problems = returned if isinstance(returned, tuple) else (returned, None)
         accepted = {_from_lua(k): _from_lua(v) for k, v in tags.items()} if tags is not None else {}
         bad = [_from_lua(p[b"text"]) for p in problems.values()] if problems is not None else []
         return accepted, bad
