@@ -542,3 +542,37 @@ def server_time(factory: sessionmaker[Session]) -> float | None:
     with transaction(factory) as session:
         query = queries.get(session.get_bind().dialect.name)
         return None if query is None else float(session.scalar(text(query)))
+
+
+def recreate_database(server_url: str, name: str) -> str:
+    """Drop and create the MariaDB/MySQL database `name` on the server of `server_url` (a role
+    allowed to); returns the URL of the new, empty database. For tests, replays and benchmarks."""
+    _check_database_name(name)
+    url = make_url(server_url)
+    engine = create_engine(url._replace(database=None))
+    try:
+        with engine.begin() as connection:
+            connection.execute(text(f"DROP DATABASE IF EXISTS {name}"))
+            connection.execute(text(f"CREATE DATABASE {name} CHARACTER SET utf8mb4"))
+    except SQLAlchemyError as error:
+        raise DatabaseError(f"cannot create database {name} on {mask_url(server_url)}: {_short(error, server_url)}") from error
+    finally:
+        engine.dispose()
+    return url.set(database=name).render_as_string(hide_password=False)
+
+
+def drop_database(server_url: str, name: str) -> None:
+    """Drop the database `name` on the server of `server_url` (the counterpart of `recreate_database`)."""
+    _check_database_name(name)
+    engine = create_engine(make_url(server_url)._replace(database=None))
+    try:
+        with engine.begin() as connection:
+            connection.execute(text(f"DROP DATABASE IF EXISTS {name}"))
+    finally:
+        engine.dispose()
+
+
+def _check_database_name(name: str) -> None:
+    # The name goes into DDL, which takes no bound parameters.
+    if not name.replace("_", "").isalnum() or not name.isascii() or len(name) > 64:
+        raise DatabaseError(f"database name {name!r}: ASCII letters, digits and _ only, at most 64 characters")

@@ -16,8 +16,8 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import SQLAlchemyError
 
-from slurm_aigc.db import read_url_file
-from slurm_aigc.localcluster.config import TEST_DATABASE_PREFIX
+from slurm_aigc.db import drop_database, read_url_file
+from slurm_aigc.localcluster.config import SCRATCH_DATABASE_PREFIX, TEST_DATABASE_PREFIX
 from slurm_aigc.localcluster.manager import LocalCluster
 from slurm_aigc.localcluster.shape import DEFAULT_SHAPE
 from slurm_aigc.slurm import SlurmCli
@@ -68,6 +68,20 @@ def cluster() -> Iterator[ClusterHandle]:
         nodes=[node.name for node in shape.nodes],
         local=local,
     )
+
+
+@pytest.fixture
+def cluster_db(cluster: ClusterHandle) -> Iterator[str]:
+    """A fresh database on the local cluster's MariaDB for one integration test (the multi-host
+    path); the path of its URL file, for `--db` (no password in argv). Dropped afterwards."""
+    name = f"it_{os.getpid()}_{next(_CLUSTER_DB_NUMBERS)}"
+    path = cluster.local.scratch_database(name)
+    yield path
+    drop_database(read_url_file(Path(path)), SCRATCH_DATABASE_PREFIX + name)
+    Path(path).unlink(missing_ok=True)
+
+
+_CLUSTER_DB_NUMBERS = itertools.count()
 
 
 @pytest.fixture

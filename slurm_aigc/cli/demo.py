@@ -57,13 +57,14 @@ def demo(minutes: float, shape: str, trace: str, seed: int, out_dir: Path, clean
     _progress(f"{len(workload.jobs)} jobs written to {out_dir / 'workload.csv'}")
     _step(f"replay with slurm-aigc: hook + policy {policy}, agents, controller")
     since = datetime.now().replace(microsecond=0)
-    record = ReplayRun(workload, local_run_settings(policy, out_dir, mode="aigc"), cluster, _progress).run()
+    run = ReplayRun(workload, local_run_settings(policy, out_dir, mode="aigc"), cluster, _progress)
+    record = run.run()
     metrics = metrics_of(record)
     _progress(f"makespan {metrics.makespan_s:.0f} s, effective utilization {100 * metrics.effective_utilization:.1f} %, "
               f"allocation {100 * metrics.allocation_ratio:.1f} %, reclaimed {metrics.gpu_hours_reclaimed:.3f} GPU-h")
     _step("report")
     html = out_dir / "report.html"
-    report_args = ["report", "--since", since.isoformat(), "--db", f"sqlite:///{out_dir}/aigc.db", "--group-by", "class"]
+    report_args = ["report", "--since", since.isoformat(), "--db", run.db_url, "--group-by", "class"]
     subprocess.run([SLURM_AIGC_BIN, *report_args], check=False)
     subprocess.run([SLURM_AIGC_BIN, *report_args, "--format", "html", "--output", str(html)], check=False)
     click.echo(f"\nHTML report: {html}")

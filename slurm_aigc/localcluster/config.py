@@ -162,6 +162,7 @@ def render_slurmdbd_conf(layout: Layout, db_password: str) -> str:
 # same grants for a site). The controller owns the schema; an agent may only add samples.
 AIGC_DATABASE = "slurm_aigc"
 TEST_DATABASE_PREFIX = "slurm_aigc_test_"
+SCRATCH_DATABASE_PREFIX = "slurm_aigc_scratch_"  # a replay's or an integration test's own database
 DB_ROLES = ("controller", "agent", "test")
 DB_USERS = {"controller": "aigc_controller", "agent": "aigc_agent", "test": "aigc_test"}
 AGENT_INSERT_TABLES = ("gpu_samples", "process_samples", "job_gpu_samples")
@@ -186,10 +187,10 @@ def render_aigc_users_sql(passwords: dict[str, str]) -> str:
                        f"ALTER USER {user} IDENTIFIED BY '{passwords[role]}'"]
     statements += [
         f"GRANT ALL PRIVILEGES ON {AIGC_DATABASE}.* TO '{DB_USERS['controller']}'@'127.0.0.1'",
-        # Test sessions create and drop throwaway databases named slurm_aigc_test_*.
-        f"GRANT ALL PRIVILEGES ON `{TEST_DATABASE_PREFIX.replace('_', chr(92) + '_')}%`.* "
-        f"TO '{DB_USERS['test']}'@'127.0.0.1'",
     ]
+    # Test sessions, replays and integration tests create and drop databases of their own.
+    statements += [f"GRANT ALL PRIVILEGES ON `{prefix.replace('_', chr(92) + '_')}%`.* TO '{DB_USERS['test']}'@'127.0.0.1'"
+                   for prefix in (TEST_DATABASE_PREFIX, SCRATCH_DATABASE_PREFIX)]
     return ";\n".join(statements) + ";\n"
 
 

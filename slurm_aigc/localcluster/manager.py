@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_aigc.db import DEFAULT_URL_FILE, open_database, write_url_file
+from slurm_aigc.db import DEFAULT_URL_FILE, open_database, read_url_file, recreate_database, write_url_file
 from slurm_aigc.errors import ClusterError
 from slurm_aigc.localcluster import config
 from slurm_aigc.localcluster.shape import ClusterShape, parse_shape, shape_to_text
@@ -201,6 +201,14 @@ class LocalCluster:
         """The credentials file (0600) with the URL of slurm-aigc's database for `role`
         (controller | agent | test); /etc/slurm-aigc/db.url points at the controller's."""
         return self.etc_dir / "db" / f"{role}.url"
+
+    def scratch_database(self, name: str) -> str:
+        """A fresh, empty database `slurm_aigc_scratch_<name>` on the cluster's MariaDB (dropped and
+        created again); returns its URL file's path, to pass as `--db` (no password in argv)."""
+        url = recreate_database(read_url_file(self.db_url_file("test")), config.SCRATCH_DATABASE_PREFIX + name)
+        path = self.db_url_file(f"scratch-{name}")
+        write_url_file(path, url)
+        return str(path)
 
     def is_up(self) -> bool:
         """Brought up (ready) and every process it started still alive (not, say, after a reboot)."""

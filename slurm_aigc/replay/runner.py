@@ -211,10 +211,23 @@ class ReplayRun:
         self.scaled_policy: dict[str, Any] = {}
         self.job_command = cluster.job_command()
 
+    def _fresh_database(self) -> str:
+        """This run's own empty database: on the cluster's MariaDB when it has one (the multi-host
+        path; `LocalCluster.scratch_database` returns a URL file's path), else a SQLite file."""
+        scratch = getattr(self.cluster, "scratch_database", None)  # not in ReplayCluster: fakes have none
+        if callable(scratch):
+            try:
+                return str(scratch(f"replay_{self.settings.mode}"))
+            except AigcError as error:
+                self.progress(f"no MariaDB database for the run ({error}); using SQLite")
+        path = self.settings.out_dir.resolve() / f"{self.settings.mode}.db"
+        path.unlink(missing_ok=True)
+        return f"sqlite:///{path}"
+
     def run(self) -> RunRecord:
         self.settings.out_dir.mkdir(parents=True, exist_ok=True)
         self.policy = self._write_run_policy()
-        Path(self.db_url.removeprefix("sqlite:///")).unlink(missing_ok=True)
+        self.db_url = self._fresh_database()
         open_database(self.db_url)
         self._prepare_cluster()
         started = time.time()
