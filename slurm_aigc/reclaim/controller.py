@@ -157,7 +157,7 @@ class Controller:
     def assess(self) -> Assessment:
         """Judge every running GPU job over its full window, with evidence (`idle list`)."""
         now, jobs, newest = self._snapshot()
-        facts = {j.job_id: job_facts(j, now, self._shards_by_node(jobs)) for j in jobs}
+        facts = {j.job_id: job_facts(j, now, shards) for shards in [self._shards_by_node(jobs)] for j in jobs}
         rows = self._store.samples(facts, now - self.config.lookback_s()) if jobs else []
         shared = {r.job_id for r in rows if r.shared}
         metas = {j.job_id: job_meta(j, facts[j.job_id], now, j.job_id in shared) for j in jobs}
@@ -211,7 +211,7 @@ class Controller:
     def _incremental(self) -> Assessment:
         """Judge every running GPU job, reading only samples newer than the last tick's."""
         now, jobs, newest = self._snapshot()
-        facts = {j.job_id: job_facts(j, now, self._shards_by_node(jobs)) for j in jobs}
+        facts = {j.job_id: job_facts(j, now, shards) for shards in [self._shards_by_node(jobs)] for j in jobs}
         metas = {j.job_id: job_meta(j, facts[j.job_id], now, j.job_id in self._shared_jobs) for j in jobs}
         self._tracker.prune(metas, now - self.config.lookback_s())
         known = self._tracker.jobs()
