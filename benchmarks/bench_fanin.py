@@ -1,0 +1,299 @@
+"""Benchmark: 1,000 node agents writing to the state database while the controller ticks over 10,000 jobs.
+
+    flock /tmp/aigc-cluster.lock .venv/bin/python benchmarks/bench_fanin.py \
+        [--nodes 1000] [--jobs-per-node 10] [--interval-s 10] [--duration-s 300] [--db-url URL]
+
+Writers: `--nodes` simulated node agents (light writers, not slurmd), spread over
+`--writers` processes of `--threads` threads. Each writes one poll every `--interval-s`,
+offsets spread evenly over the interval, through the real code path of an agent poll after
+the GPU read: `attribution.job_gpu_usage` splits 8 a100 GPUs between 10 jobs (6 whole-GPU
+jobs, 4 shard jobs two per GPU) and `TelemetryStore.write_poll` stores 8 GPU rows, 10
+process rows and 10 per-job rows in one transaction. Latency is that call's wall time; lag
+is how late a write started against its schedule (a saturated client, not the database).
+
+Controller: every `--interval-s`, one `Controller.tick()` (reclaim, dry-run) and one
+`Publisher.tick()` (dry-run) over all the jobs and nodes, with Slurm answered by a fake that
+returns `squeue --json` / `sinfo --json` documents of that size (22.05 layout). The first
+tick reads every job's full lookback; the table shows it apart from the steady ticks.
+
+Database: by default a scratch database on the local cluster's MariaDB (created with the
+`test` role's credentials, dropped at the end); `--db-url` uses any SQLAlchemy URL instead.
+Database CPU is mariadbd's utime+stime from /proc over the run (when it runs on this host).
+Goals (issue 11.6): p99 write latency <= 100 ms, controller tick <= 1 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import random
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+from sqlalchemy import create_engine, func, select, text
+from sqlalchemy.engine import make_url
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from slurm_aigc.db import GpuSample, JobGpuSample, ProcessSample, open_database, read_url_file, transaction  # noqa: E402
+from slurm_aigc.localcluster.manager import LocalCluster  # noqa: E402
+from slurm_aigc.reclaim.config import load_reclaim_config  # noqa: E402
+from slurm_aigc.reclaim.controller import Controller  # noqa: E402
+from slurm_aigc.reclaim.store import ReclaimStore  # noqa: E402
+from slurm_aigc.slurm import CommandResult, SlurmCli  # noqa: E402
+from slurm_aigc.telemetry.attribution import job_gpu_usage  # noqa: E402
+from slurm_aigc.telemetry.config import load_scoring_config  # noqa: E402
+from slurm_aigc.telemetry.publisher import Publisher  # noqa: E402
+from slurm_aigc.telemetry.records import GpuProcess, GpuReading, NodeReading  # noqa: E402
+from slurm_aigc.telemetry.store import TelemetryStore  # noqa: E402
+
+GPUS = 8
+WHOLE = 6  # GPUs 0-5 hold one job each; GPUs 6 and 7 two shard jobs each
+
+
+# --------------------------------------------------------------------------- the fleet
+
+
+def node_name(i: int) -> str:
+    return f"n{i:04d}"
+
+
+def job_layout(node: int) -> list[tuple[str, int]]:
+    """(job id, GPU index) of the 10 jobs on node number `node`."""
+    base = 100_000 + node * 10
+    return [(str(base + k), k if k < WHOLE else WHOLE + (k - WHOLE) // 2) for k in range(10)]
+
+
+def reading(node: int, rng: random.Random) -> tuple[NodeReading, dict[int, str | None]]:
+    """One poll of node `node`: 8 busy-ish a100 GPUs, one process per job."""
+    procs: dict[int, list[GpuProcess]] = {}
+    pid_jobs: dict[int, str | None] = {}
+    for job, gpu in job_layout(node):
+        pid = 10_000 + int(job) % 100_000
+        pid_jobs[pid] = job
+        procs.setdefault(gpu, []).append(GpuProcess(pid, rng.uniform(2_000, 30_000), rng.uniform(5, 45)))
+    gpus = tuple(
+        GpuReading(index=i, uuid=f"GPU-{node:04d}-{i}", name="NVIDIA A100-SXM4-80GB", memory_total_mib=81920.0,
+                   memory_used_mib=sum(p.used_memory_mib or 0 for p in procs[i]), sm_util_pct=rng.uniform(0, 100),
+                   mem_bw_util_pct=rng.uniform(0, 60), power_draw_w=rng.uniform(80, 400), power_limit_w=400.0,
+                   temperature_c=rng.uniform(30, 80), processes=tuple(procs[i]))
+        for i in range(GPUS))
+    return NodeReading(node_name(node), datetime.now(UTC), "550.54", gpus), pid_jobs
+
+
+def writer_process(url: str, nodes: Sequence[int], threads: int, interval_s: float, start: float, end: float,
+                   total_nodes: int, out: multiprocessing.Queue[tuple[list[float], list[float], int]]) -> None:
+    """Write every node of `nodes` each interval until `end`; send back (latencies, lags, rows)."""
+    store = TelemetryStore(open_database(url))
+    latencies: list[float] = []
+    lags: list[float] = []
+    rows = [0]
+    lock = threading.Lock()
+
+    def run(mine: Sequence[int]) -> None:
+        rng = random.Random(mine[0] if mine else 0)
+        schedule = sorted((start + interval_s * n / total_nodes, n) for n in mine)
+        cycle = 0
+        while True:
+            for offset, node in schedule:
+                due = offset + cycle * interval_s
+                if due >= end:
+                    return
+                time.sleep(max(0.0, due - time.time()))  # the node's poll schedule, not a condition
+                began = time.time()
+                polled, pid_jobs = reading(node, rng)
+                written = store.write_poll(polled, pid_jobs, job_gpu_usage(polled, pid_jobs))
+                took = time.time() - began
+                with lock:
+                    latencies.append(took)
+                    lags.append(began - due)
+                    rows[0] += written
+            cycle += 1
+
+    workers = [threading.Thread(target=run, args=(list(nodes[i::threads]),)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    out.put((latencies, lags, rows[0]))
+
+
+# --------------------------------------------------------------------------- the controller
+
+
+class FleetSlurm:
+    """A Runner answering `squeue --json` / `sinfo --json` (22.05) for the whole fleet."""
+
+    def __init__(self, nodes: int) -> None:
+        started = int(time.time()) - 3600
+        jobs = [self._job(job, node, gpu, started) for node in range(nodes) for job, gpu in job_layout(node)]
+        self._jobs = json.dumps({"jobs": jobs, "errors": []})
+        self._nodes = json.dumps({"nodes": [self._node(node) for node in range(nodes)], "errors": []})
+
+    @staticmethod
+    def _job(job: str, node: int, gpu: int, started: int) -> dict[str, object]:
+        shard = gpu >= WHOLE
+        gres = f"shard:a100:8(IDX:{gpu})" if shard else f"gpu:a100:1(IDX:{gpu})"
+        return {"job_id": int(job), "name": f"job{job}", "user_name": "alice", "account": "aigc", "partition": "gpu",
+                "qos": "normal", "job_state": "RUNNING", "nodes": node_name(node), "batch_flag": True,
+                "start_time": started, "submit_time": started - 60, "time_limit": 1440, "node_count": 1,
+                "tres_per_node": "gres:shard:8" if shard else "gres:gpu:a100:1", "admin_comment": "aigc_class=train",
+                "tres_alloc_str": "cpu=1,gres/shard=8" if shard else "cpu=1,gres/gpu=1,gres/gpu:a100=1",
+                "gres_detail": [gres], "job_resources": {"nodes": node_name(node),
+                                                         "allocated_nodes": [{"nodename": node_name(node)}]}}
+
+    @staticmethod
+    def _node(node: int) -> dict[str, object]:
+        return {"name": node_name(node), "state": "mixed", "state_flags": [], "cpus": 128, "partitions": ["gpu"],
+                "features": "a100,nvlink,nvlink8,vram80g", "active_features": "a100,nvlink,nvlink8,vram80g",
+                "gres": "gpu:a100:8,shard:a100:64", "weight": 1, "tres_used": "cpu=10,gres/gpu=6",
+                "gres_used": "gpu:a100:6(IDX:0-5),shard:a100:32(IDX:6-7)"}
+
+    def __call__(self, argv: Sequence[str], timeout_s: float, stdin: str | None = None) -> CommandResult:
+        args = tuple(argv)
+        answers = {("squeue", "--json"): self._jobs, ("sinfo", "--json"): self._nodes,
+                   ("scontrol", "--version"): "slurm-wlm 22.05.8"}
+        if args in answers:
+            return CommandResult(args, 0, answers[args], "")
+        return CommandResult(args, 1, "", f"fleet fake: not answered: {list(args)}")
+
+
+def controller_loop(url: str, nodes: int, interval_s: float, end: float, ticks: list[tuple[float, float]],
+                    errors: list[str]) -> None:
+    """Reclaim + publisher ticks (dry-run) every interval until `end`; appends (wall s, CPU s) per tick."""
+    slurm = SlurmCli(runner=FleetSlurm(nodes))
+    factory = open_database(url)
+    publisher = Publisher(slurm, TelemetryStore(factory), load_scoring_config(None), dry_run=True)
+    controller = Controller(slurm, ReclaimStore(factory), load_reclaim_config(None), dry_run=True,
+                            publisher_tick=publisher.tick)
+    next_tick = time.time() + interval_s  # let the writers fill a first interval
+    while next_tick < end:
+        time.sleep(max(0.0, next_tick - time.time()))  # the controller's tick schedule
+        wall, cpu = time.perf_counter(), time.thread_time()
+        try:
+            controller.tick()
+        except Exception as error:  # noqa: BLE001 - a failed tick is reported, as the daemon logs it
+            errors.append(f"{type(error).__name__}: {error}")
+        ticks.append((time.perf_counter() - wall, time.thread_time() - cpu))
+        next_tick += interval_s
+
+
+# --------------------------------------------------------------------------- database
+
+
+def scratch_database() -> tuple[str, str]:
+    """(URL of a new empty database on the local cluster's MariaDB, its name), as the test role."""
+    server = make_url(read_url_file(LocalCluster().db_url_file("test"))).set(database=None)
+    name = f"slurm_aigc_test_fanin_{os.getpid()}"
+    engine = create_engine(server)
+    with engine.begin() as connection:
+        connection.execute(text(f"CREATE DATABASE {name} CHARACTER SET utf8mb4"))
+    engine.dispose()
+    return server.set(database=name).render_as_string(hide_password=False), name
+
+
+def drop_database(url: str, name: str) -> None:
+    engine = create_engine(make_url(url).set(database=None))
+    with engine.begin() as connection:
+        connection.execute(text(f"DROP DATABASE IF EXISTS {name}"))
+    engine.dispose()
+
+
+def mariadbd_cpu_s() -> float | None:
+    """CPU seconds (user + system) of the local cluster's mariadbd so far, None when not found."""
+    try:
+        pid = int((LocalCluster().state_dir / "run" / "mysqld.pid").read_text().split()[0])
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, ValueError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def row_counts(url: str) -> dict[str, int]:
+    factory = open_database(url)
+    with transaction(factory) as session:
+        return {table.__tablename__: int(session.scalar(select(func.count()).select_from(table)) or 0)
+                for table in (GpuSample, ProcessSample, JobGpuSample)}
+
+
+# --------------------------------------------------------------------------- report
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))] if ordered else float("nan")
+
+
+def table(args: argparse.Namespace, latencies: list[float], lags: list[float], rows: int,
+          ticks: list[tuple[float, float]], db_cpu: float | None, wall: float, counts: dict[str, int]) -> str:
+    steady = ticks[1:] or ticks
+    ms = [x * 1000 for x in latencies]
+    lines = [
+        f"{args.nodes} node agents x {GPUS} GPUs, {args.nodes * 10} jobs, one write per node every "
+        f"{args.interval_s:g} s for {wall:.0f} s; {args.writers} writer processes x {args.threads} threads",
+        "| measure | value | goal |", "|---|---:|---:|",
+        f"| writes | {len(latencies)} ({len(latencies) / wall:.1f}/s, {rows / wall:.0f} rows/s) | {args.nodes / args.interval_s:.0f}/s |",
+        f"| write latency p50 / p95 / p99 / max | {percentile(ms, 50):.1f} / {percentile(ms, 95):.1f} / "
+        f"{percentile(ms, 99):.1f} / {max(ms, default=0):.1f} ms | p99 <= 100 ms |",
+        f"| write start lag p99 (client saturation) | {percentile(lags, 99) * 1000:.0f} ms | |",
+        f"| controller first tick (full lookback) | {ticks[0][0]:.2f} s wall, {ticks[0][1]:.2f} s CPU | |" if ticks else "",
+        f"| controller steady ticks p50 / max ({len(steady)}) | {statistics.median(t[0] for t in steady):.2f} / "
+        f"{max(t[0] for t in steady):.2f} s wall, {statistics.median(t[1] for t in steady):.2f} s CPU | <= 1 s |" if ticks else "",
+        f"| database CPU (mariadbd) | {db_cpu / wall:.2f} cores ({db_cpu:.0f} s over the run) | |" if db_cpu is not None
+        else "| database CPU | not on this host | |",
+        f"| rows stored (gpu / process / job-gpu) | {counts['gpu_samples']} / {counts['process_samples']} / "
+        f"{counts['job_gpu_samples']} | |",
+    ]
+    return "\n".join(line for line in lines if line)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--interval-s", type=float, default=10.0)
+    parser.add_argument("--duration-s", type=float, default=300.0)
+    parser.add_argument("--writers", type=int, default=2, help="writer processes")
+    parser.add_argument("--threads", type=int, default=8, help="threads per writer process")
+    parser.add_argument("--db-url", default=None, help="SQLAlchemy URL (default: a scratch database on the cluster's MariaDB)")
+    args = parser.parse_args()
+    url, scratch = (args.db_url, None) if args.db_url else scratch_database()
+    try:
+        schema = open_database(url)  # the schema, before the writers race for it
+        schema.kw["bind"].dispose()  # no connection of ours is shared with the writers
+        start = time.time() + 2.0
+        end = start + args.duration_s
+        context = multiprocessing.get_context("spawn")  # fresh interpreters: no inherited connections
+        queue: multiprocessing.Queue[tuple[list[float], list[float], int]] = context.Queue()
+        nodes = list(range(args.nodes))
+        procs = [context.Process(target=writer_process, args=(url, nodes[w::args.writers], args.threads, args.interval_s,
+                                                              start, end, args.nodes, queue)) for w in range(args.writers)]
+        cpu_before = mariadbd_cpu_s()
+        for proc in procs:
+            proc.start()
+        ticks: list[tuple[float, float]] = []
+        errors: list[str] = []
+        controller_loop(url, args.nodes, args.interval_s, end, ticks, errors)
+        results = [queue.get(timeout=args.duration_s + 120) for _ in procs]
+        for proc in procs:
+            proc.join()
+        cpu_after = mariadbd_cpu_s()
+        wall = time.time() - start
+        latencies = [x for r in results for x in r[0]]
+        lags = [x for r in results for x in r[1]]
+        db_cpu = None if cpu_before is None or cpu_after is None or args.db_url else cpu_after - cpu_before
+        print(table(args, latencies, lags, sum(r[2] for r in results), ticks, db_cpu, wall, row_counts(url)))
+        print(f"controller tick errors: {len(errors)}" + (f" (first: {errors[0][:200]})" if errors else ""))
+    finally:
+        if scratch:
+            drop_database(url, scratch)
+
+
+if __name__ == "__main__":
+    main()
