@@ -508,11 +508,11 @@ def _short(error: SQLAlchemyError, url: str) -> str:
 # What a role may do, each probed by a statement that changes no row (WHERE 1 = 0): the
 # database checks the privilege all the same.
 PRIVILEGE_PROBES: dict[str, str] = {
-    "add samples": "INSERT INTO job_gpu_samples (ts, node, job_id, gpu_index, shared) SELECT 0, '', '', 0, 0{dual} WHERE 1 = 0",
+    "add samples": "INSERT INTO job_gpu_samples (ts, node, job_id, gpu_index, shared) SELECT 0, '', '', 0, FALSE{dual} WHERE 1 = 0",
     "read samples": "SELECT id FROM job_gpu_samples WHERE 1 = 0",
     "write actions": "INSERT INTO actions (observation_key, ts_intent, job_id, verdict, action, step, dry_run, state, "
-                     "detail) SELECT '', 0, '', '', '', 0, 0, '', ''{dual} WHERE 1 = 0",
-    "write publications": "INSERT INTO node_publications (ts, node, reason, dry_run) SELECT 0, '', '', 0{dual} WHERE 1 = 0",
+                     "detail) SELECT '', 0, '', '', '', 0, FALSE, '', ''{dual} WHERE 1 = 0",
+    "write publications": "INSERT INTO node_publications (ts, node, reason, dry_run) SELECT 0, '', '', FALSE{dual} WHERE 1 = 0",
     "update rows": "UPDATE actions SET state = 'x' WHERE 1 = 0",
     "delete samples": "DELETE FROM job_gpu_samples WHERE 1 = 0",
 }
