@@ -9,11 +9,13 @@ jobs sharing this cluster. Requeued jobs start again after ~11 s (cred_expire=10
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -279,3 +281,92 @@ def test_dry_run_changes_nothing_in_slurm(reclaim: Reclaim) -> None:
         assert (after.state, after.restarts, after.admin_comment) == ("RUNNING", 0, before.admin_comment)
     finally:
         cancel(cluster, job_id)
+
+
+def plan_for(job_id: str, action: str, restarts: int = 0, gpus_before: int = 1, gpus_after: int = 0) -> PlannedAction:
+    verdict = "over_allocated" if action == "shrink" else "idle"
+    return PlannedAction(f"{job_id}/r{restarts}/{verdict}/1:{action}", job_id, "aigc-alice", "aigc", "train", verdict,
+                         action, 1, False, restarts, gpus_before, gpus_after, None, f"aigc-reclaim: job {job_id} {verdict}")
+
+
+def test_a_job_that_completes_between_decision_and_requeue_is_not_run_again(cluster: ClusterHandle) -> None:
+    # `scontrol requeue` alone also requeues a COMPLETED job on 22.05: the job would run twice.
+    work = Path(tempfile.mkdtemp(prefix="slurm-aigc-requeue-test-"))
+    store = ReclaimStore(open_database(f"sqlite:///{work / 'state.db'}"))
+    config = load_reclaim_config(None)
+    jobs = [submit(cluster, f"sleep {seconds}\n", "--gres=gpu:1", "--requeue") for seconds in (3, 15)]
+    try:
+        decided = [wait_job_state(cluster, job_id, "RUNNING", timeout_s=90) for job_id in jobs]
+
+        def ends_now(plan: PlannedAction) -> None:  # after the re-read, right before `scontrol requeue`
+            wait_job_state(cluster, plan.job_id, "COMPLETED", timeout_s=60)
+
+        # 1. It ends after the tick read it, before the re-read: skipped, nothing run.
+        wait_job_state(cluster, jobs[0], "COMPLETED", timeout_s=60)
+        early = Actuator(cluster.slurm, store, config).apply(plan_for(jobs[0], "requeue"), decided[0])
+        assert early.state == "skipped" and "no longer RUNNING" in early.detail["skipped"]
+        # 2. It ends between the re-read and the requeue: `requeue Incomplete` leaves it alone.
+        late = Actuator(cluster.slurm, store, config, after_intent=ends_now).apply(plan_for(jobs[1], "requeue"), decided[1])
+        assert late.state == "skipped" and "had ended" in late.detail["skipped"], late.detail
+        assert late.commands == (f"scontrol requeue Incomplete {jobs[1]}",)
+        for job_id in jobs:
+            job = cluster.slurm.job(job_id)
+            assert job is not None and (job.state, job.restarts) == ("COMPLETED", 0)
+        assert [r.state for r in store.audit()] == ["skipped", "skipped"]
+    finally:
+        cancel(cluster, *jobs)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@contextmanager
+def slow_epilog(cluster: ClusterHandle, seconds: int) -> Iterator[None]:
+    """Test-only: every job's epilog takes `seconds` longer (the cluster's own Epilog still runs after)."""
+    conf = cluster.etc_dir / "slurm.conf"
+    original = conf.read_text()
+    previous = next((line.split("=", 1)[1] for line in original.splitlines() if line.startswith("Epilog=")), None)
+    script = Path(tempfile.mkdtemp(prefix="slurm-aigc-epilog-")) / "slow-epilog.sh"
+    script.write_text(f"#!/bin/sh\nsleep {seconds}\n" + (f'exec {shlex.quote(previous)} "$@"\n' if previous else "exit 0\n"))
+    script.chmod(0o755)
+    lines = [line for line in original.splitlines() if not line.startswith("Epilog=")]
+    conf.write_text("\n".join([*lines, f"Epilog={script}"]) + "\n")
+    try:
+        cluster.slurm.reconfigure()
+        config_now = cluster.slurm.show_config()
+        assert config_now.get("Epilog") == str(script), config_now.get("Epilog")
+        yield
+    finally:
+        conf.write_text(original)
+        cluster.slurm.reconfigure()
+        shutil.rmtree(script.parent, ignore_errors=True)
+
+
+def test_a_shrink_held_through_a_slow_epilog_ends_released_even_after_a_controller_restart(cluster: ClusterHandle) -> None:
+    work = Path(tempfile.mkdtemp(prefix="slurm-aigc-shrink-test-"))
+    store = ReclaimStore(open_database(f"sqlite:///{work / 'state.db'}"))
+    config = load_reclaim_config(None)
+    job_id = ""
+    try:
+        with slow_epilog(cluster, 20):
+            job_id = submit(cluster, "sleep 600\n", "--gres=gpu:a100:4", "--requeue")
+            before = wait_job_state(cluster, job_id, "RUNNING", timeout_s=90)
+            first = Actuator(cluster.slurm, store, config, pending_wait_s=3.0)
+            result = first.apply(plan_for(job_id, "shrink", gpus_before=4, gpus_after=1), before)
+            assert result.state == "intent" and "not PENDING" in result.detail["open"], result.detail
+            held = cluster.slurm.job(job_id)
+            assert held is not None and held.state == "COMPLETING" and held.restarts == 1
+            del first  # the controller stops here; a new one takes over from the record
+            restarted = Actuator(cluster.slurm, store, config)
+
+            def settled() -> bool:
+                return any(r.state != "intent" for r in restarted.reconcile()) or store.audit()[0].state != "intent"
+
+            wait_for(settled, 90, f"the held shrink of job {job_id} to be finished")
+        [row] = store.audit()
+        assert row.state == "done", row.detail
+        assert row.detail["update"] == {"Gres": "gpu:a100:1"}
+        again = wait_job_state(cluster, job_id, "RUNNING", timeout_s=90)
+        assert (again.restarts, gpu_count(again)) == (1, 1)
+    finally:
+        if job_id:
+            cancel(cluster, job_id)
+        shutil.rmtree(work, ignore_errors=True)
