@@ -229,7 +229,8 @@ def _evidence_short(gpus: Sequence[GpuEvidence], window_s: float) -> str:
 
 def _detail_short(row: ActionRow) -> str:
     detail = row.detail
-    text = detail.get("error") or detail.get("result") or ""
+    # A skip (the job ended, restarted, opted out) and a still open shrink say why.
+    text = detail.get("error") or detail.get("skipped") or detail.get("open") or detail.get("result") or ""
     return str(text)[:80]
 
 

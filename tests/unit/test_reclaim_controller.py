@@ -13,9 +13,11 @@ from sqlalchemy import text
 from slurm_aigc.cli import reclaim as cli
 from slurm_aigc.db import JobGpuSample, open_database, transaction
 from slurm_aigc.errors import DatabaseError, SlurmCommandError
+from slurm_aigc.reclaim.actuator import Actuator
 from slurm_aigc.reclaim.config import ClassPolicy, ReclaimConfig
 from slurm_aigc.reclaim.controller import Controller, StaleSamplesError
 from slurm_aigc.reclaim.fakes import FakeJob, FakeSlurm
+from slurm_aigc.reclaim.ladder import PlannedAction
 from slurm_aigc.reclaim.store import ReclaimStore
 from slurm_aigc.slurm import SlurmCli
 
@@ -209,6 +211,13 @@ def test_cli_idle_list_and_audit(db_url: str, monkeypatch: pytest.MonkeyPatch, t
     [row] = json.loads(audited.output)
     assert (row["action"], row["state"], row["dry_run"]) == ("notify", "skipped", True)
     assert runner.invoke(cli.audit, ["--db", db_url, "--action", "requeue"]).output.strip() == "no actions recorded"
+    running = SlurmCli(runner=fake).job("7")
+    assert running is not None
+    fake.jobs["7"].state = "COMPLETED"  # ends between the tick's read and the action
+    Actuator(SlurmCli(runner=fake), ReclaimStore(open_database(db_url)), CONFIG).apply(
+        PlannedAction("7/r0/idle/1:requeue", "7", "u", "a", "train", "idle", "requeue", 1, False, 0, 1, 0, None, "m"), running)
+    table = runner.invoke(cli.audit, ["--db", db_url, "--action", "requeue"]).output
+    assert "skipped" in table and "job is COMPLETED now, no longer RUNNING" in table
 
 
 def test_dry_run_leaves_a_half_done_shrink_alone(db_url: str) -> None:
@@ -217,7 +226,6 @@ def test_dry_run_leaves_a_half_done_shrink_alone(db_url: str) -> None:
                                         priority=0, restarts=1)})
     add_samples(db_url, "8", 1, START + 200.0)
     store = ReclaimStore(open_database(db_url))
-    from slurm_aigc.reclaim.ladder import PlannedAction
     store.record_intent(PlannedAction("7/r0/over_allocated/1:shrink", "7", "u", "a", "train", "over_allocated", "shrink",
                                       1, False, 0, 4, 1, None, "m"), {"restarts_before": 0}, START + 100.0)
     controller, _ = make(db_url, fake, START + 200.0, dry_run=True)
