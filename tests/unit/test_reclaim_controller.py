@@ -216,8 +216,8 @@ def test_cli_idle_list_and_audit(db_url: str, monkeypatch: pytest.MonkeyPatch, t
     fake.jobs["7"].state = "COMPLETED"  # ends between the tick's read and the action
     Actuator(SlurmCli(runner=fake), ReclaimStore(open_database(db_url)), CONFIG).apply(
         PlannedAction("7/r0/idle/1:requeue", "7", "u", "a", "train", "idle", "requeue", 1, False, 0, 1, 0, None, "m"), running)
-    table = runner.invoke(cli.audit, ["--db", db_url, "--action", "requeue"]).output
-    assert "skipped" in table and "job is COMPLETED now, no longer RUNNING" in table
+    trail = runner.invoke(cli.audit, ["--db", db_url, "--action", "requeue"]).output
+    assert "skipped" in trail and "job is COMPLETED now, no longer RUNNING" in trail
 
 
 def test_dry_run_leaves_a_half_done_shrink_alone(db_url: str) -> None:
