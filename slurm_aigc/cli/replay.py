@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from slurm_aigc.cli.env import CliEnv, command_env
-from slurm_aigc.cli.replay_run import compare, run_workload_command
+from slurm_aigc.cli.replay_run import compare, compression_lines, run_workload_command
 from slurm_aigc.cli.replay_traces import GeneratorChoice, generator_options, workload_from_traces
 from slurm_aigc.errors import AigcError, DatabaseError
 from slurm_aigc.replay.from_sacct import FromSacctParams, workload_from_sacct
@@ -164,13 +164,20 @@ def convert(output: Path, **options: Any) -> None:
 @replay.command("show")
 @click.option("--workload", "workload_path", type=click.Path(path_type=Path, dir_okay=False, exists=True), required=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object instead of the table.")
-def show(workload_path: Path, as_json: bool) -> None:
-    """Summarize a workload file per class (validates it on the way)."""
+@click.option("--policy", type=click.Path(path_type=Path, dir_okay=False, exists=True), default=None,
+              help="Site policy whose reclaim windows the replay scales (default: the installed one).")
+def show(workload_path: Path, as_json: bool, policy: Path | None) -> None:
+    """Summarize a workload file per class (validates it on the way); say which compression applies."""
     workload = read_workload(workload_path)
+    lines = compression_lines(workload, policy)
     if as_json:
-        click.echo(json.dumps(_summary_dict(workload), indent=2, sort_keys=True))
-    else:
-        click.echo(_table(workload))
+        summary = {**_summary_dict(workload), "compression": lines[0], "warnings": lines[1:]}
+        click.echo(json.dumps(summary, indent=2, sort_keys=True))
+        return
+    click.echo(_table(workload))
+    click.echo(lines[0])
+    for warning in lines[1:]:
+        click.echo(warning, err=True)
 
 
 def _summary_dict(workload: Workload) -> dict[str, object]:

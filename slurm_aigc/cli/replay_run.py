@@ -11,9 +11,11 @@ import click
 from slurm_aigc.cli.replay_traces import GeneratorChoice, generator_options, workload_from_traces
 from slurm_aigc.localcluster.config import NOOP_HOOK_LUA, TEST_USERS
 from slurm_aigc.localcluster.manager import LocalCluster
+from slurm_aigc.policy.loader import load_policy
 from slurm_aigc.policy.paths import default_policy
 from slurm_aigc.replay.compare import comparison_json, comparison_rows, metrics_of, plot_utilization, render_table
 from slurm_aigc.replay.runner import MODES, RunSettings, run_modes
+from slurm_aigc.replay.timescale import compression_report
 from slurm_aigc.replay.workload import Workload
 from slurm_aigc.replay.workload_files import read_workload, write_workload
 
@@ -22,6 +24,14 @@ COMPARE_SHAPE = "a100:8x6,t4:4x10"
 
 def _progress(message: str) -> None:
     click.echo(f"[replay] {message}", err=True)
+
+
+def compression_lines(workload: Workload, policy: Path | None, replay_s: float | None = None) -> list[str]:
+    """Which compression applies and whether the site's reclaim windows, scaled by it, can fire."""
+    try:
+        return compression_report(workload, load_policy(policy).reclaim, replay_s)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--workload") from error
 
 
 def local_run_settings(policy: Path | None, out_dir: Path, timeout_s: float = 1800.0, mode: str = MODES[0]) -> RunSettings:
@@ -42,6 +52,8 @@ def run_workload_command(workload_path: Path, mode: str, policy: Path | None, ou
     """Run one workload file on the running local cluster and print its figures."""
     cluster = LocalCluster(progress=_progress)
     workload = read_workload(workload_path)
+    for line in compression_lines(workload, policy):
+        click.echo(line, err=True)
     [record] = run_modes(workload, [mode], local_run_settings(policy, out_dir, timeout_s), cluster, _progress)
     metrics = metrics_of(record)
     (out_dir / f"{mode}-metrics.json").write_text(json.dumps(metrics.to_dict(), indent=1))
@@ -68,12 +80,16 @@ def compare(workload_path: Path | None, shape: str, policy: Path | None, out_dir
     workload = _workload(workload_path, generator, cluster)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_workload(workload, out_dir / "workload.csv")
+    reach = compression_lines(workload, policy)
+    for line in reach:
+        click.echo(line, err=True)
     stock, aigc = run_modes(workload, MODES, local_run_settings(policy, out_dir, timeout_s), cluster, _progress)
     stock_metrics, aigc_metrics = metrics_of(stock), metrics_of(aigc)
     plot = plot_utilization([stock, aigc], out_dir / "utilization.png")
     document = comparison_json(stock_metrics, aigc_metrics, {
         "shape": shape, "jobs": len(workload.jobs), "workload": str(out_dir / "workload.csv"),
         "workload_meta": {k: v for k, v in workload.meta.items() if k != "params"}, "plot": str(plot),
+        "compression": reach[0], "warnings": reach[1:],
     })
     (out_dir / "compare.json").write_text(json.dumps(document, indent=1))
     if as_json:

@@ -32,7 +32,7 @@ from slurm_aigc.policy.install import install_hook
 from slurm_aigc.profiles import Phase, format_phases, total_seconds
 from slurm_aigc.reclaim.store import ReclaimStore
 from slurm_aigc.replay.metrics import END_STATES, JobOutcome, UsageSample
-from slurm_aigc.replay.timescale import replay_policy
+from slurm_aigc.replay.timescale import replay_policy, workload_compression
 from slurm_aigc.replay.workload import Workload, WorkloadJob
 from slurm_aigc.report.sacct import JobRecord, SacctQuery, SacctReader, SkippedRow
 from slurm_aigc.report.tres import gpu_equivalents
@@ -243,7 +243,7 @@ class ReplayRun:
     # ---- steps
     def _write_run_policy(self) -> Path:
         """The policy with durations compressed like the workload; stock agents publish nothing."""
-        compression = float(self.workload.meta.get("compression", "1") or 1)
+        compression = workload_compression(self.workload.meta).factor
         site = yaml.safe_load(self.settings.policy.read_text()) or {}
         scaled = replay_policy(site, compression, self.settings.agent_interval_s, publish_features=self.settings.mode == "aigc")
         self.scaled_policy = scaled

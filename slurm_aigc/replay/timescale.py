@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
+
+from slurm_aigc.policy.model import ReclaimConfig
+from slurm_aigc.replay.workload import Workload, WorkloadJob
 
 MIN_SECONDS = 2.0
 MIN_SAMPLES_FLOOR = 3
@@ -59,3 +64,101 @@ def _scale_reclaim_section(section: dict[str, Any], compression: float, poll_int
 
 def _scale(seconds: float, compression: float) -> float:
     return max(MIN_SECONDS, round(float(seconds) / compression, 1))
+
+
+# ---------------------------------------------------------------- can reclaim fire at all?
+
+COMPRESSION_KEY = "compression"
+
+
+@dataclass(frozen=True)
+class Compression:
+    """The compression a workload replays at and where that number came from."""
+
+    factor: float
+    from_file: bool
+
+    def describe(self) -> str:
+        if self.from_file:
+            return f"compression {self.factor:g} (the workload's `# compression:` line): policy durations are divided by {self.factor:g}"
+        return ("compression 1 (the workload has no `# compression:` line): the site policy's durations apply unscaled; "
+                "add `# compression: N` to the file when its times are N-fold shortened")
+
+
+def workload_compression(meta: Mapping[str, str]) -> Compression:
+    """The factor of a workload's `# compression:` line; 1 when there is none (a hand-written file)."""
+    text = (meta.get(COMPRESSION_KEY) or "").strip()
+    if not text:
+        return Compression(1.0, from_file=False)
+    try:
+        factor = float(text)
+    except ValueError:
+        raise ValueError(f"the workload's `# compression:` line must be a number > 0, got {text!r}") from None
+    if not math.isfinite(factor) or factor <= 0:
+        raise ValueError(f"the workload's `# compression:` line must be a number > 0, got {text!r}")
+    return Compression(factor, from_file=True)
+
+
+@dataclass(frozen=True)
+class ClassReach:
+    """One class of a workload: when (scaled) reclaim could first act on it vs its longest job."""
+
+    job_class: str
+    grace_s: float
+    window_s: float
+    longest_job_s: float
+
+    @property
+    def first_verdict_s(self) -> float:
+        """A job can be judged no earlier than its start-up grace plus one full window."""
+        return self.grace_s + self.window_s
+
+    @property
+    def can_fire(self) -> bool:
+        return self.longest_job_s > self.first_verdict_s
+
+
+def reclaim_reach(reclaim: ReclaimConfig, compression: float, longest_by_class: Mapping[str, float],
+                  replay_s: float | None = None) -> list[ClassReach]:
+    """Per class of the workload: the site's grace + window, scaled as `replay_policy` scales
+    them, against the longest job of that class.
+
+    `reclaim` is the site policy's section as `load_policy` read it; `longest_by_class` the
+    longest time a job of each class holds its GPUs (its run, or its time limit when it hangs);
+    `replay_s` (a backlogged replay's duration) cuts every job there.
+    """
+    cap = math.inf if replay_s is None else replay_s
+    return [ClassReach(name, _scale(reclaim.policy_for(name).grace_s, compression),
+                       _scale(reclaim.policy_for(name).window_s, compression), min(longest, cap))
+            for name, longest in sorted(longest_by_class.items())]
+
+
+def reach_warnings(reach: Sequence[ClassReach], compression: Compression) -> list[str]:
+    """One warning per class whose scaled reclaim windows outlast every job of it; a summary when none can fire."""
+    blocked = [r for r in reach if not r.can_fire]
+    lines = [f"warning: class {r.job_class}: reclaim needs grace {r.grace_s:g} s + window {r.window_s:g} s = "
+             f"{r.first_verdict_s:g} s of replay, but its longest job holds its GPUs {r.longest_job_s:g} s: "
+             f"no {r.job_class} job can be reclaimed" for r in blocked]
+    if reach and len(blocked) == len(reach):
+        hint = "" if compression.from_file else " (no `# compression:` line: set one to the factor the file's times were divided by)"
+        lines.append(f"warning: at compression {compression.factor:g} the reclaim windows cannot fire within this replay: "
+                     f"nothing will be reclaimed{hint}")
+    return lines
+
+
+def longest_hold_by_class(jobs: Iterable[WorkloadJob]) -> dict[str, float]:
+    """The longest a job of each class holds its GPUs: its run, cut at its time limit (a hung job)."""
+    longest: dict[str, float] = {}
+    for job in jobs:
+        longest[job.job_class] = max(longest.get(job.job_class, 0.0), min(job.duration_s, job.time_limit_s))
+    return longest
+
+
+def compression_report(workload: Workload, reclaim: ReclaimConfig, replay_s: float | None = None) -> list[str]:
+    """What `replay show`/`compare` print: the compression that applies, then any reach warnings.
+
+    Raises ValueError for an unreadable `# compression:` line.
+    """
+    compression = workload_compression(workload.meta)
+    reach = reclaim_reach(reclaim, compression.factor, longest_hold_by_class(workload.jobs), replay_s)
+    return [compression.describe(), *reach_warnings(reach, compression)]

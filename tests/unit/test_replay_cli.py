@@ -19,11 +19,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from slurm_aigc.cli.replay import ReplayEnv, replay
 from slurm_aigc.db import JobGpuSample, open_database, transaction
 from slurm_aigc.replay.traces import DEFAULT_FILES
+from slurm_aigc.replay.workload import COLUMNS
 from slurm_aigc.replay.workload_files import read_workload
 from slurm_aigc.slurm import CommandResult
 from tests.unit.sacct_json import DELIMITER, FIELDS, text_to_json
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "traces"
+SHIPPED_POLICY = Path(__file__).resolve().parents[2] / "etc" / "slurm-aigc.yaml"
 FIXTURE_FILES = {
     "alibaba-2023": "openb_pod_list_small.csv",
     "genai-2026": "lora_request_trace_small.csv",
@@ -204,3 +206,29 @@ def test_same_seed_gives_the_same_file_across_processes(tmp_path: Path) -> None:
         subprocess.run(argv, check=True, capture_output=True, env=env)
         texts.append(out.read_text())
     assert texts[0] == texts[1]
+
+
+HAND_WRITTEN = ",".join(COLUMNS) + """
+idle-1,0,finetune,1,8,120,180,"loading:10,busy:20,idle:90",,0,6,80,,,,,aigc-alice,yes,hand
+idle-2,5,finetune,1,8,120,180,"loading:10,busy:20,idle:90",,0,6,80,,,,,aigc-bob,yes,hand
+"""
+
+
+def test_show_says_a_hand_written_file_replays_at_compression_1_and_warns(tmp_path: Path) -> None:
+    path = tmp_path / "hand.csv"
+    path.write_text(HAND_WRITTEN)
+    result = CliRunner().invoke(replay, ["show", "--workload", str(path), "--policy", str(SHIPPED_POLICY)])
+    assert result.exit_code == 0, result.output
+    assert "compression 1 (the workload has no `# compression:` line)" in result.output
+    assert "class finetune: reclaim needs grace 600 s + window 1800 s" in result.output
+    assert "cannot fire within this replay: nothing will be reclaimed" in result.output
+    data = json.loads(CliRunner().invoke(replay, ["show", "--workload", str(path), "--json",
+                                                  "--policy", str(SHIPPED_POLICY)]).output)
+    assert data["compression"].startswith("compression 1") and len(data["warnings"]) == 2
+    path.write_text("# compression: 60\n" + HAND_WRITTEN)
+    fixed = CliRunner().invoke(replay, ["show", "--workload", str(path), "--policy", str(SHIPPED_POLICY)])
+    assert "compression 60 (the workload's `# compression:` line)" in fixed.output
+    assert "warning" not in fixed.output
+    path.write_text("# compression: fast\n" + HAND_WRITTEN)
+    bad = CliRunner().invoke(replay, ["show", "--workload", str(path), "--policy", str(SHIPPED_POLICY)])
+    assert bad.exit_code == 2 and "'fast'" in bad.output
