@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 from slurm_aigc.reclaim.fakes import FakeJob
-from slurm_aigc.reclaim.jobs import gpu_count, is_held, job_facts, requested_gpus, shard_gpus, shrink_updates, uses_shards
+from slurm_aigc.reclaim.jobs import (
+    declared_signal,
+    gpu_count,
+    is_held,
+    job_facts,
+    requested_gpus,
+    shard_gpus,
+    shrink_updates,
+    uses_shards,
+)
 from slurm_aigc.slurm import JobInfo, job_from_fields, parse_key_values
 
 
@@ -61,3 +70,15 @@ def test_shards_count_as_gpu_fractions_of_their_node_type() -> None:
     assert shard_gpus(shard, {}) == 0.0  # unknown node type: no guess
     assert shard_gpus(job(), {"a100-01": 80}) == 0.0
     assert job_facts(shard, 0.0, {"a100-01": 80}).shard_gpus == 0.25
+
+
+def test_declared_signal_comes_from_the_admin_comment_stamp_only() -> None:
+    assert declared_signal(job(AdminComment="aigc_class=train aigc_signal=B.USR1; site note")) == "B:USR1"
+    assert declared_signal(job(AdminComment="aigc_class=train aigc_signal=10")) == "USR1"  # job_desc.warn_signal
+    assert declared_signal(job(AdminComment="aigc_class=train aigc_signal=SIGUSR2")) == "USR2"
+    # The job owner's comment, a word after the stamp, and nonsense declare nothing.
+    assert declared_signal(job(Comment="aigc_signal=B.USR1", AdminComment="aigc_class=train")) == ""
+    assert declared_signal(job(AdminComment="aigc_class=train; aigc_signal=B.USR1")) == ""
+    assert declared_signal(job(AdminComment="aigc_signal=X.USR1")) == ""
+    assert declared_signal(job(AdminComment="aigc_signal=999")) == ""
+    assert job_facts(job(AdminComment="aigc_class=train aigc_signal=B.USR1"), 0.0).declared_signal == "B:USR1"
