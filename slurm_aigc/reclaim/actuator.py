@@ -39,6 +39,7 @@ PENDING_WAIT_S = 60.0  # how long one tick waits for a requeue-held job to becom
 # States after which a job holds nothing any more (a shrink's hold has nothing left to release).
 ENDED_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                           "PREEMPTED", "BOOT_FAIL", "DEADLINE"})
+_SETTLED_STATES = ENDED_STATES | {"RUNNING", "PENDING"}  # a requeued job is no longer completing
 
 
 class ActuatorCrash(AigcError):
@@ -268,13 +269,16 @@ class Actuator:
         return {"result": f"requeued with {gpus_after} GPU(s) and released", "update": applied, "tried": tried}
 
     def _wait_held(self, job_id: str, wait_s: float) -> tuple[str, JobInfo | None]:
-        """Poll until the requeue-held job is PENDING: (phase, job), phase as `hold_phase`."""
+        """Poll until the requeue-held job leaves COMPLETING: (phase, job), phase as `hold_phase`.
+
+        Polls the state alone (`squeue -j ID -o %A|%T`, one job), then reads the job once.
+        """
         deadline = self._clock() + wait_s
         while True:
-            job = self._slurm.job(job_id)
-            phase = hold_phase(job)
-            if phase != "waiting" or self._clock() >= deadline:
-                return phase, job
+            state = self._slurm.job_state(job_id)
+            if state is None or state in _SETTLED_STATES or self._clock() >= deadline:
+                job = self._slurm.job(job_id)
+                return hold_phase(job), job
             self._sleep(1.0)
 
     def reconcile(self, *, dry_run: bool = False, only_jobs: frozenset[str] | None = None) -> list[ActionResult]:

@@ -102,6 +102,7 @@ class FakeSlurm:
         if args == ["squeue", "--json"]:
             return self._show()
         if tool == "squeue" and "-j" in rest:  # squeue -h -t all -j ID -o %A|%T
+            self._poll_completing()
             found = self.jobs.get(rest[rest.index("-j") + 1])
             if found is None:
                 return CommandResult(tuple(args), 1, "", "slurm_load_jobs error: Invalid job id specified")
@@ -132,14 +133,18 @@ class FakeSlurm:
 
     def _show(self) -> CommandResult:
         """`squeue --json`: every job (22.05 ignores `-j` with `--json`)."""
+        self._poll_completing()
+        text = json.dumps({"jobs": [job.record() for job in self.jobs.values()], "errors": []})
+        return CommandResult(("squeue", "--json"), 0, text + "\n", "")
+
+    def _poll_completing(self) -> None:
+        """One more look at the jobs: a requeued job leaves COMPLETING after `pending_after_polls`."""
         if self.pending_after_polls:
             self.pending_after_polls -= 1
             if not self.pending_after_polls:
                 for job in self.jobs.values():
                     if job.state == "COMPLETING":
                         job.state = "PENDING"
-        text = json.dumps({"jobs": [job.record() for job in self.jobs.values()], "errors": []})
-        return CommandResult(("squeue", "--json"), 0, text + "\n", "")
 
     def _update(self, args: list[str], fields: list[str]) -> CommandResult:
         values = dict(f.split("=", 1) for f in fields)
