@@ -11,6 +11,7 @@ import click
 
 from slurm_aigc.cli.env import CliEnv, command_env
 from slurm_aigc.errors import AigcError, DatabaseError
+from slurm_aigc.policy.loader import load_policy
 from slurm_aigc.report import figures, render
 from slurm_aigc.report.records import DEFAULT_INTERVAL_S
 from slurm_aigc.report.sacct import (
@@ -92,6 +93,8 @@ shards_option = click.option("--shards-per-gpu", default="a100=80,t4=16", show_d
 @click.option("--class", "classes", multiple=True, help="Only these AIGC classes (from the job comment).")
 @click.option("--group-by", "-g", multiple=True, help=f"Group by {', '.join(figures.GROUP_KEYS)} (repeatable or comma list).")
 @click.option("--chunk-hours", default=24.0, show_default=True, help="sacct is read in windows of this length.")
+@click.option("--policy", type=click.Path(path_type=Path, dir_okay=False, exists=True), default=None,
+              help="Policy whose reclaim thresholds say what is idle or fake-busy (default: the installed one).")
 @format_option
 @output_option
 @db_option
@@ -99,8 +102,8 @@ shards_option = click.option("--shards-per-gpu", default="a100=80,t4=16", show_d
 @click.pass_context
 def report(ctx: click.Context, since: str, until: str, user: tuple[str, ...], account: tuple[str, ...],
            partition: tuple[str, ...], names: tuple[str, ...], classes: tuple[str, ...], group_by: tuple[str, ...], chunk_hours: float,
-           fmt: str, output: Path | None, db_url: str | None, shards_per_gpu: str) -> None:
-    """GPU-hours allocated, used and idle per group, from sacct joined with slurm-aigc's samples."""
+           fmt: str, output: Path | None, db_url: str | None, shards_per_gpu: str, policy: Path | None) -> None:
+    """GPU-hours allocated, used, useful and idle per group, from sacct joined with slurm-aigc's samples."""
     if ctx.invoked_subcommand is not None:
         return
     env = _env(ctx)
@@ -111,7 +114,8 @@ def report(ctx: click.Context, since: str, until: str, user: tuple[str, ...], ac
     if query.until <= query.since or chunk_hours <= 0:
         raise click.BadParameter("--until must be after --since and --chunk-hours positive")
     params = figures.ReportParams(since_ts=query.since.timestamp(), until_ts=min(query.until, now).timestamp(),
-                                  group_by=_group_keys(group_by), shards_per_gpu=parse_shards(shards_per_gpu))
+                                  group_by=_group_keys(group_by), shards_per_gpu=parse_shards(shards_per_gpu),
+                                  useful=figures.UsefulRule.of(load_policy(policy, hook_sections=False).reclaim.defaults))
     result = _summary(env, query, params, db_url, timedelta(hours=chunk_hours))
     click.echo(render.skipped_summary(result.skipped), err=True, nl=False)
     _emit(render.render_report(result, fmt), output)

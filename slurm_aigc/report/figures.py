@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta, tzinfo
 
+from slurm_aigc.policy.model import ClassPolicy
 from slurm_aigc.report.records import ActionEvent, SampleSlice
 from slurm_aigc.report.sacct import JobRecord, SkippedRow
 from slurm_aigc.report.tres import gpu_equivalents, gpu_type_of
@@ -31,6 +32,45 @@ _CLASS = _ATTRS.index("class")
 
 
 @dataclass(frozen=True)
+class UsefulRule:
+    """Which SM time is work: neither idle nor fake-busy, by the reclaim detector's thresholds.
+
+    Fake-busy is `reclaim.detect`'s rule: utilization >= `busy_util_pct` at power <=
+    `low_power_pct` % of the limit (a spinning kernel, a hung collective); idle is utilization
+    <= `idle_util_pct`. Build it from `load_policy(...).reclaim.defaults`. Like the detector,
+    a sample without a power reading never looks fake-busy (`unjudged` says when that hid one).
+    """
+
+    idle_util_pct: float
+    busy_util_pct: float
+    low_power_pct: float
+
+    @classmethod
+    def of(cls, policy: ClassPolicy) -> UsefulRule:
+        return cls(policy.idle_util_pct, policy.busy_util_pct, policy.low_power_pct)
+
+    def is_fake_busy(self, util_pct: float, power_w: float | None, limit_w: float | None) -> bool:
+        if util_pct < self.busy_util_pct or power_w is None or limit_w is None or limit_w <= 0:
+            return False
+        return power_w <= self.low_power_pct / 100.0 * limit_w
+
+    def unjudged(self, util_pct: float, power_w: float | None, limit_w: float | None) -> bool:
+        """Busy enough to be fake-busy, but without the power reading that would tell."""
+        return util_pct >= self.busy_util_pct and (power_w is None or limit_w is None or limit_w <= 0)
+
+    def useful_pct(self, util_pct: float | None, power_w: float | None, limit_w: float | None) -> float | None:
+        """The sample's utilization that counts as work (0 when idle or fake-busy; None: unknown)."""
+        if util_pct is None:
+            return None
+        if util_pct <= self.idle_util_pct or self.is_fake_busy(util_pct, power_w, limit_w):
+            return 0.0
+        return min(util_pct, 100.0)
+
+
+DEFAULT_USEFUL_RULE = UsefulRule.of(ClassPolicy())
+
+
+@dataclass(frozen=True)
 class ReportParams:
     """What a report covers and how it groups; `tz` decides day boundaries (None: local)."""
 
@@ -39,6 +79,7 @@ class ReportParams:
     group_by: tuple[str, ...] = ()
     shards_per_gpu: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_SHARDS_PER_GPU))
     tz: tzinfo | None = None
+    useful: UsefulRule = DEFAULT_USEFUL_RULE
 
 
 @dataclass(frozen=True)
@@ -61,6 +102,8 @@ class GroupFigures:
     gpu_hours_used: float | None
     idle_gpu_hours: float | None
     efficiency: float | None
+    gpu_hours_useful: float | None
+    useful_efficiency: float | None
     queue_wait_mean_s: float | None
     queue_wait_p95_s: float | None
     jobs_requeued: int
@@ -97,6 +140,8 @@ class _Acc:
     requeued_jobs: set[str] = field(default_factory=set)
     requeues: int = 0
     used_gpu_s: float = 0.0
+    useful_gpu_s: float = 0.0
+    unjudged_gpu_s: float = 0.0
     sampled_gpu_s: float = 0.0
     sampled_jobs: set[str] = field(default_factory=set)
     aigc_requeued: set[str] = field(default_factory=set)
@@ -244,12 +289,23 @@ class Aggregator:
             if used is None:
                 continue
             key = self._sample_key(job, attrs, piece.ts)
+            useful, unjudged = self._useful(piece)
             for acc in (self._groups[key], self._total):
                 acc.used_gpu_s += used
+                acc.useful_gpu_s += useful
+                acc.unjudged_gpu_s += unjudged
                 acc.sampled_jobs.add(job)
             cell = self._util_bins[attrs[_CLASS]][int((piece.ts - self._p.since_ts) // self._bin_s)]
             cell[0] += (piece.sm_util_pct or 0.0) * piece.duration_s
             cell[1] += piece.duration_s
+
+    def _useful(self, piece: SampleSlice) -> tuple[float, float]:
+        """(useful GPU-seconds, GPU-seconds busy enough to be fake but without power) of a slice."""
+        util = piece.sm_util_pct or 0.0
+        rule = self._p.useful
+        useful = (rule.useful_pct(util, piece.power_draw_w, piece.power_limit_w) or 0.0) / 100.0 * piece.duration_s
+        unjudged = piece.duration_s if rule.unjudged(util, piece.power_draw_w, piece.power_limit_w) else 0.0
+        return useful, unjudged
 
     def _sample_key(self, job: str, attrs: tuple[str, ...], ts: float) -> tuple[str, ...]:
         key = self._key(attrs, day_of(ts, self._p.tz))
@@ -309,6 +365,9 @@ class Aggregator:
         if self._total.gpu_jobs - self._total.sampled_jobs:
             count = len(self._total.gpu_jobs - self._total.sampled_jobs)
             notes.append(f"{count} GPU job(s) have no samples: their GPU-hours are left out of used/idle/efficiency")
+        if self._total.unjudged_gpu_s > 0:
+            notes.append(f"{self._total.unjudged_gpu_s / 3600:.3f} GPU-hours at >= {self._p.useful.busy_util_pct:g} % SM had no "
+                         "power reading (rolled-up hours, GPUs without power): counted as useful, fake-busy or not")
         if self._unresolved_shard_jobs:
             notes.append(f"{len(self._unresolved_shard_jobs)} job(s) hold shards of an unknown GPU type: counted as 0 GPU-hours")
         if self._foreign_sample_jobs:
@@ -324,6 +383,7 @@ def _figures(key: tuple[str, ...], acc: _Acc) -> GroupFigures:
     allocated_h = (acc.whole_gpu_s + acc.shard_gpu_s) / 3600.0
     sampled_h = acc.sampled_gpu_s / 3600.0
     used_h = acc.used_gpu_s / 3600.0 if acc.sampled_jobs else None
+    useful_h = acc.useful_gpu_s / 3600.0 if acc.sampled_jobs else None
     return GroupFigures(
         key=key, jobs=len(acc.jobs), gpu_jobs=len(acc.gpu_jobs), running_jobs=len(acc.running_jobs),
         run_segments=acc.segments, gpu_hours_allocated=allocated_h,
@@ -333,6 +393,8 @@ def _figures(key: tuple[str, ...], acc: _Acc) -> GroupFigures:
         jobs_without_samples=len(acc.gpu_jobs - acc.sampled_jobs), gpu_hours_used=used_h,
         idle_gpu_hours=None if used_h is None else max(0.0, sampled_h - used_h),
         efficiency=None if used_h is None or sampled_h <= 0 else used_h / sampled_h,
+        gpu_hours_useful=useful_h,
+        useful_efficiency=None if useful_h is None or sampled_h <= 0 else useful_h / sampled_h,
         queue_wait_mean_s=sum(acc.waits_s) / len(acc.waits_s) if acc.waits_s else None,
         queue_wait_p95_s=percentile(list(acc.waits_s), 95.0),
         jobs_requeued=len(acc.requeued_jobs), requeues=acc.requeues,

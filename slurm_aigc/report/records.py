@@ -30,6 +30,9 @@ class SampleSlice:
     sm_util_pct: float | None
     memory_used_mib: float | None
     memory_total_mib: float | None
+    # The GPU's power at the poll (shared by every job on it); None from rollups and where NVML has none.
+    power_draw_w: float | None = None
+    power_limit_w: float | None = None
 
     @property
     def used_gpu_s(self) -> float | None:
@@ -58,15 +61,24 @@ class ActionEvent:
         return self.state == "done" and not self.dry_run
 
 
-def slices(raw: Sequence[tuple[str, str, int, float, float | None, float | None, float | None]],
-           default_interval_s: float = DEFAULT_INTERVAL_S) -> list[SampleSlice]:
-    """Turn one GPU's samples of one job, sorted by time, into slices with durations."""
+_Row = tuple[str, str, int, float, float | None, float | None, float | None]
+_RowWithPower = tuple[str, str, int, float, float | None, float | None, float | None, float | None, float | None]
+
+
+def slices(raw: Sequence[_Row | _RowWithPower], default_interval_s: float = DEFAULT_INTERVAL_S) -> list[SampleSlice]:
+    """Turn one GPU's samples of one job, sorted by time, into slices with durations.
+
+    A row is (job, node, gpu, ts, util, memory used, memory total[, power draw, power limit]).
+    """
     times = [row[3] for row in raw]
     gaps = [b - a for a, b in pairwise(times) if b > a]
     interval_s = statistics.median(gaps) if gaps else default_interval_s
     result: list[SampleSlice] = []
-    for index, (job_id, node, gpu_index, ts, util, mem_used, mem_total) in enumerate(raw):
+    for index, row in enumerate(raw):
+        job_id, node, gpu_index, ts, util, mem_used, mem_total = row[:7]
+        power: float | None = row[7] if len(row) == 9 else None  # type: ignore[misc]
+        limit: float | None = row[8] if len(row) == 9 else None  # type: ignore[misc]
         gap = times[index + 1] - ts if index + 1 < len(times) else interval_s
         duration_s = gap if 0 <= gap <= GAP_FACTOR * interval_s else interval_s
-        result.append(SampleSlice(job_id, node, gpu_index, ts, duration_s, util, mem_used, mem_total))
+        result.append(SampleSlice(job_id, node, gpu_index, ts, duration_s, util, mem_used, mem_total, power, limit))
     return result

@@ -32,6 +32,8 @@ _COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("GPU-h used", "gpu_hours_used", "used"),
     ("idle", "idle_gpu_hours", "used"),
     ("eff", "efficiency", "pct"),
+    ("GPU-h useful", "gpu_hours_useful", "used"),
+    ("useful eff", "useful_efficiency", "pct"),
     ("no-sample GPU-h", "gpu_hours_unsampled", "hours"),
     ("wait mean", "queue_wait_mean_s", "dur"),
     ("wait p95", "queue_wait_p95_s", "dur"),

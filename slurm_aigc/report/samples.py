@@ -43,6 +43,7 @@ class SampleStore:
             query = select(
                 JobGpuSample.job_id, JobGpuSample.node, JobGpuSample.gpu_index, JobGpuSample.ts,
                 JobGpuSample.sm_util_pct, JobGpuSample.memory_used_mib, JobGpuSample.memory_total_mib,
+                JobGpuSample.power_draw_w, JobGpuSample.power_limit_w,
             ).where(JobGpuSample.ts >= since_ts, JobGpuSample.ts < until_ts)
             if job_ids:
                 query = query.where(JobGpuSample.job_id.in_(list(job_ids)))

@@ -9,6 +9,7 @@ import pytest
 
 from slurm_aigc.report.figures import (
     ReportParams,
+    UsefulRule,
     build_report,
     split_by_day,
 )
@@ -148,3 +149,61 @@ def test_day_split() -> None:
 def test_unknown_group_key_is_an_error() -> None:
     with pytest.raises(ValueError, match="cannot group by qos"):
         build_report(params("qos"), [])
+
+
+def _slice(ts_s: float, util: float | None, power: float | None, limit: float | None = 400.0) -> SampleSlice:
+    return SampleSlice("901", "a100-01", 0, ts_s, 3600.0, util, 10_000.0, 81_920.0, power, limit)
+
+
+def test_useful_gpu_hours_leave_out_fake_busy_and_idle_time() -> None:
+    """Issue 14.2: 1 h real work at 80 %, 1 h hung (100 % SM at 60 W of 400 W), 1 h idle: 0.8 useful GPU-h of 1.8 used."""
+    job = record("901", "2026-11-30T01:00:00", "2026-11-30T04:00:00", "gres/gpu=1")
+    start = ts("2026-11-30T01:00:00")
+    slices = [_slice(start, 80.0, 350.0), _slice(start + 3600, 100.0, 60.0), _slice(start + 7200, 0.5, 55.0)]
+    report = build_report(params(), [job], slices)
+    total = report.total
+    assert total.gpu_hours_used == pytest.approx(0.8 + 1.0 + 0.005)  # the SM figure counts the hung hour
+    assert total.gpu_hours_useful == pytest.approx(0.8)  # fails if the fake-busy hour (or the idle one) counted
+    assert total.useful_efficiency == pytest.approx(0.8 / 3)
+    assert not any("no power reading" in note for note in report.notes)
+
+
+def test_thresholds_come_from_the_rule_and_a_missing_power_reading_is_noted() -> None:
+    job = record("901", "2026-11-30T01:00:00", "2026-11-30T02:00:00", "gres/gpu=1")
+    start = ts("2026-11-30T01:00:00")
+    hung = [_slice(start, 97.0, 100.0)]  # 25 % of the limit
+    default = build_report(params(), [job], hung).total
+    assert default.gpu_hours_useful == pytest.approx(0.0)
+    strict = ReportParams(since_ts=params().since_ts, until_ts=params().until_ts, tz=UTC,
+                          useful=UsefulRule(idle_util_pct=1.0, busy_util_pct=95.0, low_power_pct=20.0))
+    assert build_report(strict, [job], hung).total.gpu_hours_useful == pytest.approx(0.97)  # 25 % > 20 %: real work
+    unknown = build_report(params(), [job], [_slice(start, 99.0, None)])
+    assert unknown.total.gpu_hours_useful == pytest.approx(0.99)  # like the detector: no power, never fake-busy
+    assert any("1.000 GPU-hours at >= 95 % SM had no power reading" in note for note in unknown.notes)
+
+
+def test_useful_rule_is_the_policy_defaults() -> None:
+    from slurm_aigc.policy.loader import load_policy
+
+    shipped = load_policy(Path(__file__).resolve().parents[2] / "etc" / "slurm-aigc.yaml").reclaim.defaults
+    assert UsefulRule.of(shipped) == UsefulRule(shipped.idle_util_pct, shipped.busy_util_pct, shipped.low_power_pct)
+    assert UsefulRule.of(shipped).useful_pct(100.0, 60.0, 400.0) == 0.0
+    assert UsefulRule.of(shipped).useful_pct(100.0, 390.0, 400.0) == 100.0
+    assert UsefulRule.of(shipped).useful_pct(None, 390.0, 400.0) is None
+
+
+def test_the_sample_store_hands_the_power_readings_to_the_rule(tmp_path: Path) -> None:
+    from slurm_aigc.db import JobGpuSample, open_database, transaction
+    from slurm_aigc.report.samples import SampleStore
+
+    db = open_database(f"sqlite:///{tmp_path / 'r.db'}")
+    start = ts("2026-11-30T01:00:00")
+    with transaction(db) as session:
+        for index in range(6):  # one minute hung at 10 s polls: 100 % SM at 15 % of the limit
+            session.add(JobGpuSample(ts=start + 10 * index, node="a100-01", job_id="901", gpu_index=0, sm_util_pct=100.0,
+                                     memory_used_mib=2048.0, memory_total_mib=81920.0, power_draw_w=60.0, power_limit_w=400.0))
+    pieces = list(SampleStore(db).job_slices(start, start + 3600))
+    assert {(p.power_draw_w, p.power_limit_w) for p in pieces} == {(60.0, 400.0)}
+    job = record("901", "2026-11-30T01:00:00", "2026-11-30T01:01:00", "gres/gpu=1")
+    total = build_report(params(), [job], pieces).total
+    assert total.gpu_hours_used == pytest.approx(60 / 3600) and total.gpu_hours_useful == 0.0
