@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from sqlalchemy import func, select
+from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from slurm_aigc.db import (
@@ -63,16 +63,21 @@ class TelemetryStore:
     def write_poll(self, reading: NodeReading, pid_jobs: Mapping[int, str | None], uses: Sequence[JobGpuUse]) -> int:
         """Store one poll of one node; returns the number of rows written."""
         ts = reading.ts.timestamp()
-        rows: list[object] = [_gpu_row(ts, reading.node, gpu) for gpu in reading.gpus]
-        rows += [
-            ProcessSample(ts=ts, node=reading.node, gpu_index=gpu.index, pid=proc.pid, job_id=pid_jobs.get(proc.pid),
-                          used_memory_mib=proc.used_memory_mib, sm_util_pct=proc.sm_util_pct)
-            for gpu in reading.gpus for proc in gpu.processes
+        tables: list[tuple[type[GpuSample] | type[ProcessSample] | type[JobGpuSample], list[dict[str, object]]]] = [
+            (GpuSample, [_gpu_row(ts, reading.node, gpu) for gpu in reading.gpus]),
+            (ProcessSample, [
+                {"ts": ts, "node": reading.node, "gpu_index": gpu.index, "pid": proc.pid, "job_id": pid_jobs.get(proc.pid),
+                 "used_memory_mib": proc.used_memory_mib, "sm_util_pct": proc.sm_util_pct}
+                for gpu in reading.gpus for proc in gpu.processes]),
+            (JobGpuSample, [_job_row(ts, reading, use) for use in uses]),
         ]
-        rows += [_job_row(ts, reading, use) for use in uses]
         with transaction(self._factory) as session:
-            session.add_all(rows)
-        return len(rows)
+            # Plain INSERTs (no RETURNING of the new ids): the agent's database role may insert
+            # samples but not read them (docs/deploy.md).
+            for model, rows in tables:
+                if rows:
+                    session.execute(insert(model), rows)
+        return sum(len(rows) for _, rows in tables)
 
     def mean_util_by_node(self, since_ts: float) -> dict[str, float]:
         """Mean SM utilization per node over the GPU samples since `since_ts` (lost GPUs and nulls skipped)."""
@@ -126,25 +131,25 @@ class TelemetryStore:
         return weights
 
 
-def _gpu_row(ts: float, node: str, gpu: GpuReading) -> GpuSample:
-    return GpuSample(
-        ts=ts, node=node, gpu_index=gpu.index, uuid=gpu.uuid, name=gpu.name, lost=gpu.lost,
-        memory_total_mib=gpu.memory_total_mib, memory_used_mib=gpu.memory_used_mib,
-        sm_util_pct=gpu.sm_util_pct, mem_bw_util_pct=gpu.mem_bw_util_pct,
-        power_draw_w=gpu.power_draw_w, power_limit_w=gpu.power_limit_w, temperature_c=gpu.temperature_c,
-    )
+def _gpu_row(ts: float, node: str, gpu: GpuReading) -> dict[str, object]:
+    return {
+        "ts": ts, "node": node, "gpu_index": gpu.index, "uuid": gpu.uuid, "name": gpu.name, "lost": gpu.lost,
+        "memory_total_mib": gpu.memory_total_mib, "memory_used_mib": gpu.memory_used_mib,
+        "sm_util_pct": gpu.sm_util_pct, "mem_bw_util_pct": gpu.mem_bw_util_pct,
+        "power_draw_w": gpu.power_draw_w, "power_limit_w": gpu.power_limit_w, "temperature_c": gpu.temperature_c,
+    }
 
 
-def _job_row(ts: float, reading: NodeReading, use: JobGpuUse) -> JobGpuSample:
+def _job_row(ts: float, reading: NodeReading, use: JobGpuUse) -> dict[str, object]:
     # Memory total and power are the GPU's: power cannot be split between jobs, and the
     # idle detectors read "busy yet cool" from the whole GPU.
     gpu = reading.gpu(use.gpu_index)
-    return JobGpuSample(
-        ts=ts, node=reading.node, job_id=use.job_id, gpu_index=use.gpu_index,
-        sm_util_pct=use.sm_util_pct, memory_used_mib=use.memory_used_mib,
-        memory_total_mib=gpu.memory_total_mib if gpu else None, power_draw_w=gpu.power_draw_w if gpu else None,
-        power_limit_w=gpu.power_limit_w if gpu else None, shared=use.shared,
-    )
+    return {
+        "ts": ts, "node": reading.node, "job_id": use.job_id, "gpu_index": use.gpu_index,
+        "sm_util_pct": use.sm_util_pct, "memory_used_mib": use.memory_used_mib,
+        "memory_total_mib": gpu.memory_total_mib if gpu else None, "power_draw_w": gpu.power_draw_w if gpu else None,
+        "power_limit_w": gpu.power_limit_w if gpu else None, "shared": use.shared,
+    }
 
 
 def _join(features: tuple[str, ...] | None) -> str | None:
