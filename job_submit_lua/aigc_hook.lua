@@ -25,13 +25,11 @@ local MAX_FEATURE_LEN = 64  -- as slurm_aigc/telemetry/features.py publishes the
 -- The most of any user string the hook reads (bytes): the work per job stays bounded whatever
 -- a user sends (slurmctld checks its own limits only after the plugin ran). slurm_aigc/tags.py
 -- reads comments with the same cap.
-local MAX_NAME_READ = 1024   -- Slurm's own job name limit
-local MAX_COMMENT_READ = 4096
+local MAX_NAME_READ = 1024     -- Slurm's own limits (_test_job_desc_fields, 22.05 to 26.05)
+local MAX_COMMENT_READ = 1024
 -- The trusted stamp opening the AdminComment (slurm_aigc/tags.py): only slurmctld and admins
 -- can write that field, so the daemons believe it and never the user's comment.
-local STAMP_CLASS, STAMP_RECLAIM, STAMP_SIGNAL = "aigc_class=", "aigc_reclaim=", "aigc_signal="
-local NO_VAL16 = 65534
-local KILL_JOB_BATCH = 1  -- warn_flags bit of `--signal=B:...` (slurm.h)
+local STAMP_CLASS, STAMP_RECLAIM = "aigc_class=", "aigc_reclaim="
 
 local M = {}
 
@@ -524,28 +522,38 @@ end
 -- `published_features_file`, one line per node: the model feature, then that node's other
 -- features (a line of the feature alone is trusted as before); re-read at most every
 -- `refresh_seconds`.
+--
+-- This cache is the hook's only state that outlives a call. Slurm 23.02+ may run job_submit
+-- calls concurrently, but job_submit/lua serialises every call into its one Lua state with
+-- its own mutex (Lua states are not thread-safe), so no two calls interleave here. A read
+-- still replaces the cache whole, only once it is complete: an error half-way through
+-- (caught by the entry's pcall) leaves the previous listing and its time in place.
 local published, published_read_at = nil, nil
+
+local function read_published(path)
+    local listing = {}
+    local handle = io.open(path, "r")
+    if not handle then return listing end
+    for line in handle:lines() do
+        local word, rest = match(line, "^%s*([%w_%.%-]+)(.*)$")
+        if word then
+            local set = { ANY = not match(rest, "%S") }
+            for other in string.gmatch(rest, "[%w_%.%-]+") do set[other] = true end
+            local sets = listing[word] or {}
+            sets[#sets + 1] = set
+            listing[word] = sets
+        end
+    end
+    handle:close()
+    return listing
+end
 
 local function published_features(cfg)
     if not cfg.published_features_file then return nil end
     local now = os.time()
     if published_read_at and now - published_read_at < cfg.refresh_seconds then return published end
-    published_read_at = now
-    published = {}
-    local handle = io.open(cfg.published_features_file, "r")
-    if handle then
-        for line in handle:lines() do
-            local word, rest = match(line, "^%s*([%w_%.%-]+)(.*)$")
-            if word then
-                local set = { ANY = not match(rest, "%S") }
-                for other in string.gmatch(rest, "[%w_%.%-]+") do set[other] = true end
-                local sets = published[word] or {}
-                sets[#sets + 1] = set
-                published[word] = sets
-            end
-        end
-        handle:close()
-    end
+    local listing = read_published(cfg.published_features_file)
+    published, published_read_at = listing, now
     return published
 end
 
@@ -632,30 +640,28 @@ local function rule_class_defaults(view)
     end
 end
 
--- `aigc_class=<class>[ aigc_reclaim=no][ aigc_signal=[B:]<n>]` for the AdminComment.
+-- `aigc_class=<class>[ aigc_reclaim=no]` for the AdminComment. (`--signal` is not among the
+-- job_desc fields job_submit/lua exposes, 22.05 to 26.05: an admin may stamp aigc_signal=.)
 local function stamp_text(view)
-    local words = { STAMP_CLASS .. view.class }
-    if view.tags and view.tags.reclaim == false then words[#words + 1] = STAMP_RECLAIM .. "no" end
-    local sig = get(view, "warn_signal")
-    if type(sig) == "number" and sig > 0 and sig ~= NO_VAL16 and sig ~= NO_VAL then
-        local flags = get(view, "warn_flags")
-        local batch = type(flags) == "number" and flags ~= NO_VAL and flags % 2 == KILL_JOB_BATCH
-        words[#words + 1] = STAMP_SIGNAL .. (batch and "B:" or "") .. tostring(sig)
-    end
-    return table.concat(words, " ")
+    local text = STAMP_CLASS .. view.class
+    if view.tags and view.tags.reclaim == false then text = text .. " " .. STAMP_RECLAIM .. "no" end
+    return text
 end
 
 -- The trusted stamp (slurm_aigc/tags.py): written into the AdminComment at submit, replacing
 -- any stamp a crafted request carried. Not on modify: 22.05 refuses a whole `scontrol update`
 -- by a job owner when job_modify sets admin_comment, so the class stays the one stamped at
 -- submit. Stamp-like words a user wrote into the comment are removed.
+local function plan_stamp(view)
+    if view.modify then return end
+    local _, _, rest = stamp_of(get(view, "admin_comment"))
+    local value = stamp_text(view)
+    if rest ~= nil and rest ~= "" then value = value .. "; " .. rest end
+    plan(view, "admin_comment", value, "stamp", true)
+end
+
 local function rule_stamp(view)
-    if not view.modify then
-        local _, _, rest = stamp_of(get(view, "admin_comment"))
-        local value = stamp_text(view)
-        if rest ~= nil and rest ~= "" then value = value .. "; " .. rest end
-        plan(view, "admin_comment", value, "stamp", true)
-    end
+    plan_stamp(view)
     if view.modify and view.desc.comment == nil then return end
     local comment = current(view, "comment")
     if type(comment) ~= "string" then return end
@@ -747,7 +753,7 @@ end
 -- `type=interactive` is what Slurm says of a job without a batch script (srun/salloc); a
 -- batch job claiming it would be exempt from reclaim, so the claim is a tag error.
 local function check_claim(view, tags, problems)
-    if not tags or tags.type ~= "interactive" or is_interactive(view) then return problems end
+    if not tags or tags.type ~= "interactive" or is_interactive(view) or view.uid == 0 then return problems end
     tags.type = nil
     problems = problems or {}
     problems[#problems + 1] = { text = "type=interactive", why = "not an srun/salloc job",
@@ -776,7 +782,15 @@ local function run(view)
     end
     local class = job_class(view, tags)
     view.class = class
-    if view.uid == 0 and P.hook.skip_root then return slurm.SUCCESS, class end
+    if view.uid == 0 and P.hook.skip_root then
+        -- Root's job is never rewritten, but stamped (root's own stamp, if any, is kept) so
+        -- the daemons and reports know its class too.
+        if next((stamp_of(get(view, "admin_comment")))) == nil then
+            plan_stamp(view)
+            apply(view)
+        end
+        return slurm.SUCCESS, class
+    end
     -- A malformed tag is rejected in strict mode whatever the class: the user meant to tag.
     if problems and STRICT then
         local text = tag_error_text(problems)
@@ -808,14 +822,22 @@ function M.submit(job_desc, part_list, submit_uid)
     return run(job_view(job_desc, nil, part_list, submit_uid, false))
 end
 
--- An admin's (or a daemon's) `scontrol update AdminComment=...` without a stamp keeps the
--- job's stamp in front: only admins may set admin_comment, so this never fails an update.
+-- An admin's (or a daemon's) `scontrol update AdminComment=...` keeps the job's stamp in
+-- front: stamp words the new text gives win, the others are carried over. Only admins may
+-- set admin_comment, so this never fails an update.
 local function keep_stamp(job_desc, job_rec)
     local new = job_desc.admin_comment
-    if new == nil or next((stamp_of(new))) ~= nil then return end
-    local _, old = stamp_of(job_rec.admin_comment)
-    if old == "" then return end
-    job_desc.admin_comment = (new == "") and old or (old .. "; " .. new)
+    if new == nil then return end
+    local old_found, old_text = stamp_of(job_rec.admin_comment)
+    if old_text == "" then return end
+    local new_found, new_text, rest = stamp_of(new)
+    local words = { new_text ~= "" and new_text or nil }
+    for word in gmatch(old_text, "%S+") do
+        if new_found[match(word, "^aigc_(%l+)=")] == nil then words[#words + 1] = word end
+    end
+    local merged = table.concat(words, " ")
+    if merged == new_text then return end
+    job_desc.admin_comment = (rest ~= "") and (merged .. "; " .. rest) or merged
 end
 
 -- `scontrol update` of a pending job: same rules over (new fields, else the job's record),

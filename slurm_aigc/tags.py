@@ -25,7 +25,7 @@ import re
 
 UNKNOWN_CLASS = "unknown"
 TAG_PREFIX = "aigc:"
-MAX_COMMENT_READ = 4096  # bytes of a comment the hook reads (MAX_COMMENT_READ in aigc_hook.lua)
+MAX_COMMENT_READ = 1024  # bytes the hook reads: Slurm's own comment limit (MAX_COMMENT_READ in aigc_hook.lua)
 STAMP_KEYS = ("class", "reclaim")
 
 # Lua 5.1's %s in the C locale (slurmctld's): exactly these six bytes, not Python's \s.

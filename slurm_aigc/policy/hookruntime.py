@@ -40,8 +40,7 @@ NUMBER_FIELDS = (
     "min_nodes", "nice", "ntasks_per_board", "ntasks_per_core", "ntasks_per_gpu", "ntasks_per_node",
     "ntasks_per_socket", "ntasks_per_tres", "num_tasks", "pn_min_cpus", "pn_min_memory", "pn_min_tmp_disk",
     "priority", "reboot", "req_switch", "requeue", "shared", "site_factor", "sockets_per_board",
-    "sockets_per_node", "threads_per_core", "time_limit", "time_min", "user_id", "wait4switch", "warn_flags",
-    "warn_signal", "warn_time",
+    "sockets_per_node", "threads_per_core", "time_limit", "time_min", "user_id", "wait4switch",
 )
 # Fields Slurm 22.05's setter lets "" clear on modify (SET_JOB_STRING(field, true)).
 CLEARABLE_ON_MODIFY = (

@@ -13,8 +13,9 @@ import csv
 import io
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from slurm_aigc.errors import AigcError
 from slurm_aigc.profiles import Phase, ProfileError, format_phases, parse_phases, total_seconds
@@ -154,13 +155,14 @@ def parse_workload(text: str, source: str = "<workload>") -> Workload:
     if version != FORMAT_VERSION:
         raise WorkloadError(source, 1, None, f"workload format version {version!r} unsupported; this slurm-aigc reads {FORMAT_VERSION!r}")
     reader = csv.reader(lines[first:])
-    header = next(reader, None)
+    rows = _csv_rows(reader, source, first)
+    header = next(rows, None)
     if header is None:
         raise WorkloadError(source, first + 1, None, "no header row")
     _check_header(header, source, first + 1)
     jobs: list[WorkloadJob] = []
     names: dict[str, int] = {}
-    for row in reader:
+    for row in rows:
         if not row or all(not cell.strip() for cell in row):
             continue
         line = first + reader.line_num
@@ -173,6 +175,14 @@ def parse_workload(text: str, source: str = "<workload>") -> Workload:
         raise WorkloadError(source, None, None, "no jobs")
     jobs.sort(key=lambda j: j.submit_offset_s)  # stable: file order breaks ties
     return Workload(tuple(jobs), meta)
+
+
+def _csv_rows(reader: Any, source: str, first: int) -> Iterator[list[str]]:
+    """The reader's rows; a csv.Error (e.g. a field over the csv module's 128 KiB) becomes a WorkloadError."""
+    try:
+        yield from reader
+    except csv.Error as error:
+        raise WorkloadError(source, first + reader.line_num, None, f"not readable as CSV: {error}") from error
 
 
 def _read_meta(lines: Sequence[str]) -> tuple[dict[str, str], int]:

@@ -197,7 +197,7 @@ def test_root_and_untagged_jobs_are_unchanged(cluster: Any, hook_installed: Path
         info = job(cluster, job_id)
         assert re.search(r"gpu:1$", info.tres_per_node) and info.features in ("", "(null)")
         assert info.comment.strip() == comment
-    assert _text(job(cluster, jobs[0]).admin_comment) == ""  # root's jobs are never touched
+    assert job(cluster, jobs[0]).admin_comment == "aigc_class=infer"  # root's jobs are only stamped
     assert job(cluster, jobs[1]).admin_comment == "aigc_class=unknown"  # only stamped
     predicted = classify("--comment", "just my notes", "--gres", "gpu:1", uid=alice_uid())
     assert set(predicted["changes"]) == {"admin_comment"}

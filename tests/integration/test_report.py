@@ -100,13 +100,13 @@ def test_report_figures_match_the_jobs(cluster: ClusterHandle, tmp_path: Path) -
         assert seconds >= (18 if gres else 4), f"{name}: workload ran only {seconds:.1f} s"
         gpus = gpus_of(gres, job.node_list)
         gpus_total += gpus
-        cls = aigc_class_of(job.comment, job.admin_comment)
+        cls = aigc_class_of(job.admin_comment)
         truth_by_class[cls] = truth_by_class.get(cls, 0.0) + gpus * seconds / 3600
         if gpus:
             gpu_type = job.node_list.split("-")[0]
             truth_by_type[gpu_type] = truth_by_type.get(gpu_type, 0.0) + gpus * seconds / 3600
-    assert aigc_class_of(finished[0].comment) == "train"
-    assert aigc_class_of(finished[1].comment) == "infer"
+    assert aigc_class_of(finished[0].admin_comment) == "train"  # the hook's stamp
+    assert aigc_class_of(finished[1].admin_comment) == "infer"
     tolerance_h = POLL_INTERVAL_S * max(gpus_total, 1.0) / 3600
 
     db = f"sqlite:///{tmp_path}/state.db"

@@ -62,7 +62,7 @@ def test_hostile_jobs_are_accepted_and_never_crash_the_hook(
     result = runtime().submit(fields, submit_uid=uid)
     check_invariants(fields, result)
     if uid == 0:
-        assert result.changes == {}
+        assert set(result.changes) <= {"admin_comment"}  # root's jobs are only stamped
 
 
 @settings(max_examples=50, deadline=None)

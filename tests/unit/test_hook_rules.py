@@ -217,7 +217,9 @@ def test_a_batch_job_cannot_claim_to_be_interactive(hook: HookRuntime) -> None:
 
 def test_root_is_untouched(hook: HookRuntime) -> None:
     result = submit(hook, uid=0, comment="aigc:type=infer,vram=20G", tres_per_node="gres:gpu:1")
-    assert result.rc == SUCCESS and result.changes == {}
+    assert result.rc == SUCCESS and result.changes == {"admin_comment": (None, "aigc_class=infer")}  # only stamped
+    own = submit(hook, uid=0, comment="aigc:type=infer", admin_comment="aigc_class=batch; by hand")
+    assert own.changes == {}  # root's own stamp is kept
 
 
 def test_untagged_job_classified_by_name_and_gpu_count(hook: HookRuntime) -> None:
@@ -317,7 +319,9 @@ def test_an_admins_admin_comment_update_keeps_the_stamp(hook: HookRuntime) -> No
     cleared = hook.modify({"admin_comment": ""}, record, modify_uid=0)
     assert cleared.after["admin_comment"] == "aigc_class=train aigc_reclaim=no"
     reclassed = hook.modify({"admin_comment": "aigc_class=infer"}, record, modify_uid=0)  # on purpose
-    assert reclassed.after["admin_comment"] == "aigc_class=infer"
+    assert reclassed.after["admin_comment"] == "aigc_class=infer aigc_reclaim=no"
+    signal = hook.modify({"admin_comment": "aigc_signal=B:USR1; by hand"}, record, modify_uid=0)
+    assert signal.after["admin_comment"] == "aigc_signal=B:USR1 aigc_class=train aigc_reclaim=no; by hand"
 
 
 def test_reclaim_opt_out_is_a_valid_key_for_the_hook(tmp_path: Path) -> None:

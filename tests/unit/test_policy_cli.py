@@ -46,7 +46,8 @@ def test_classify_reject_exits_zero(tmp_path: Path) -> None:
 
 
 def test_classify_root_interactive_and_untagged_change_nothing() -> None:
-    assert run_classify("--comment", "aigc:type=infer,vram=20G", "--gres", "gpu:1", "--user-id", "0")["changes"] == {}
+    root = run_classify("--comment", "aigc:type=infer,vram=20G", "--gres", "gpu:1", "--user-id", "0")
+    assert root["changes"] == {"admin_comment": [None, "aigc_class=infer"]}
     interactive = run_classify("--gres", "gpu:1", "--interactive")
     # Only the trusted stamp is written: the daemons must know it is interactive.
     assert interactive["class"] == "interactive"

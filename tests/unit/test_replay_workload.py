@@ -233,3 +233,11 @@ def test_the_documented_example_rows_are_valid() -> None:
     block = text.split("Example rows:", 1)[1].split("```", 2)[1]
     workload = parse_workload(block.strip() + "\n", str(doc))
     assert [j.name for j in workload.jobs] == ["genai-imagegen-0003", "philly-train-0017"]
+
+
+def test_a_field_over_the_csv_limit_is_a_clear_error() -> None:
+    """Python's csv refuses a field over 128 KiB: a WorkloadError naming the line, not a traceback."""
+    text = f"{HEADER}\n{row()}\n{row(name='big', tags='aigc:type=infer,model=' + 'm' * (128 * 1024 + 1))}\n"
+    with pytest.raises(WorkloadError, match="not readable as CSV: field larger than field limit") as error:
+        parse_workload(text, "w.csv")
+    assert error.value.line == 3
