@@ -12,7 +12,12 @@ the reclaim audit trail says were recovered. Definitions (docs/replay.md):
   next sample, at most `max_sample_gap_s`), capped at 100 % per GPU;
 - queue wait = first start - submit, mean and p95 (nearest rank) per class and overall;
 - jobs finished per hour = jobs ending COMPLETED / makespan hours;
-- jobs harmed = requeued then ended in a failure state, or lost (never reached an end state).
+- jobs harmed = requeued then ended in a failure state, or lost (never reached an end state);
+- useful utilization = the effective figure counting only SM time that is work: a sample
+  that is idle or fake-busy (the reclaim detector's thresholds, `report.figures.UsefulRule`)
+  adds nothing.
+
+A backlogged run (`BacklogFigures`, `backlog_figures`) is judged over [start, start + D] only.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from slurm_aigc.report.figures import DEFAULT_USEFUL_RULE, UsefulRule
 from slurm_aigc.stats import mean, percentile
 
 FAILED_STATES = frozenset({"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"})
@@ -48,6 +54,13 @@ class JobOutcome:
     state: str
     requeues: int = 0
     allocated_gpu_s: float | None = None
+    # From the workload (backlogged figures): the job's busy GPU-seconds when it runs as written,
+    # its profile's length, whether it hangs, whether it ran on shards of a GPU, its last run's start.
+    work_gpu_s: float = 0.0
+    nominal_s: float | None = None
+    hangs: bool = False
+    shared: bool = False
+    last_start_ts: float | None = None
 
 
 @dataclass(frozen=True)
@@ -58,6 +71,11 @@ class UsageSample:
     node: str
     gpu_index: int
     sm_util_pct: float
+    power_draw_w: float | None = None  # None: no reading (never judged fake-busy, like the detector)
+    power_limit_w: float | None = None
+
+    def useful_pct(self, rule: UsefulRule) -> float:
+        return rule.useful_pct(self.sm_util_pct, self.power_draw_w, self.power_limit_w) or 0.0
 
 
 @dataclass(frozen=True)
@@ -83,6 +101,8 @@ class RunMetrics:
     used_gpu_s: float
     allocation_ratio: float
     effective_utilization: float
+    useful_gpu_s: float
+    useful_utilization: float
     mean_wait_s: float | None
     p95_wait_s: float | None
     waits: tuple[ClassWait, ...]
@@ -104,6 +124,7 @@ def compute(
     *,
     now_ts: float | None = None,
     max_sample_gap_s: float = 60.0,
+    useful: UsefulRule = DEFAULT_USEFUL_RULE,
 ) -> RunMetrics:
     """All figures of one run; `now_ts` closes the window for jobs still running."""
     if capacity_gpus <= 0:
@@ -112,7 +133,9 @@ def compute(
     makespan = (end - start) if start is not None and end is not None else 0.0
     capacity_s = capacity_gpus * makespan
     allocated = sum(allocated_gpu_s(o, end) for o in outcomes)
+    samples = list(samples)
     used = used_gpu_s(samples, start, end, max_sample_gap_s) if start is not None and end is not None else 0.0
+    useful_s = used_gpu_s(samples, start, end, max_sample_gap_s, useful) if start is not None and end is not None else 0.0
     all_waits = [w for w in (queue_wait_s(o) for o in outcomes) if w is not None]
     completed = sum(1 for o in outcomes if o.state == "COMPLETED")
     lost = sum(1 for o in outcomes if is_lost(o))
@@ -127,6 +150,8 @@ def compute(
         used_gpu_s=used,
         allocation_ratio=allocated / capacity_s if capacity_s else 0.0,
         effective_utilization=used / capacity_s if capacity_s else 0.0,
+        useful_gpu_s=useful_s,
+        useful_utilization=useful_s / capacity_s if capacity_s else 0.0,
         mean_wait_s=mean(all_waits),
         p95_wait_s=percentile(all_waits, 95),
         waits=class_waits(outcomes),
@@ -162,16 +187,18 @@ def allocated_gpu_s(outcome: JobOutcome, window_end: float | None) -> float:
     return outcome.gpus * max(0.0, end - outcome.start_ts)
 
 
-def used_gpu_s(samples: Iterable[UsageSample], start: float, end: float, max_gap_s: float = 60.0) -> float:
-    """Integrate per-GPU utilization over [start, end].
+def used_gpu_s(samples: Iterable[UsageSample], start: float, end: float, max_gap_s: float = 60.0,
+               useful: UsefulRule | None = None) -> float:
+    """Integrate per-GPU utilization over [start, end]; with `useful`, only the SM time that is work.
 
     A step function: each sample holds until that GPU's next sample, at most `max_gap_s`
     (a longer gap means the agent was away: unknown, not used); the last sample holds for
     the GPU's median poll interval. Samples of one GPU at the same time (jobs sharing it
-    through shards) add up, capped at 100 %.
+    through shards) add up, capped at 100 %. With `useful`, an idle or fake-busy sample
+    (`UsefulRule`) counts 0.
     """
     total = 0.0
-    for series in _per_gpu(samples).values():
+    for series in _per_gpu(samples, useful).values():
         times = [ts for ts, _ in series]
         gaps = [b - a for a, b in itertools.pairwise(times)]
         last_hold = min(statistics.median(gaps), max_gap_s) if gaps else max_gap_s
@@ -184,11 +211,12 @@ def used_gpu_s(samples: Iterable[UsageSample], start: float, end: float, max_gap
     return total
 
 
-def _per_gpu(samples: Iterable[UsageSample]) -> dict[tuple[str, int], list[tuple[float, float]]]:
+def _per_gpu(samples: Iterable[UsageSample], useful: UsefulRule | None) -> dict[tuple[str, int], list[tuple[float, float]]]:
     summed: dict[tuple[str, int], dict[float, float]] = {}
     for sample in samples:
         by_ts = summed.setdefault((sample.node, sample.gpu_index), {})
-        by_ts[sample.ts] = by_ts.get(sample.ts, 0.0) + max(0.0, sample.sm_util_pct)
+        value = sample.sm_util_pct if useful is None else sample.useful_pct(useful)
+        by_ts[sample.ts] = by_ts.get(sample.ts, 0.0) + max(0.0, value)
     return {gpu: sorted(by_ts.items()) for gpu, by_ts in summed.items()}
 
 
@@ -236,3 +264,137 @@ def is_harmed(outcome: JobOutcome) -> bool:
     state = outcome.state.split()[0] if outcome.state else ""
     return is_lost(outcome) or (outcome.requeues > 0 and state in FAILED_STATES)
 
+
+
+# ---------------------------------------------------------------- backlogged runs (issue 14.1)
+
+
+@dataclass(frozen=True)
+class BacklogFigures:
+    """Every figure of a backlogged run, over [start, start + duration] only (docs/replay.md).
+
+    Both runs keep the same number of jobs pending for the same time, so more work done in
+    the window is more throughput, not a shorter tail.
+    """
+
+    duration_s: float
+    backlog: int
+    capacity_gpus: float
+    submitted: int
+    completed: int
+    work_completed_gpu_s: float
+    used_gpu_s: float
+    useful_gpu_s: float
+    effective_utilization: float
+    useful_utilization: float
+    mean_wait_s: float | None
+    p95_wait_s: float | None
+    waits: tuple[ClassWait, ...]
+    shared_completed: int
+    shared_slowdown_median: float | None
+    shared_slowdown_p95: float | None
+    shared_timeouts: int
+    jobs_harmed: int
+    jobs_requeued: int
+    gpu_hours_reclaimed: float
+    stream_exhausted: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def backlog_figures(
+    outcomes: Sequence[JobOutcome],
+    samples: Iterable[UsageSample],
+    capacity_gpus: float,
+    start_ts: float,
+    duration_s: float,
+    backlog: int,
+    *,
+    gpu_hours_reclaimed: float = 0.0,
+    stream_exhausted: bool = False,
+    useful: UsefulRule = DEFAULT_USEFUL_RULE,
+) -> BacklogFigures:
+    """The figures of a run that kept `backlog` jobs pending from `start_ts` for `duration_s`."""
+    if capacity_gpus <= 0 or duration_s <= 0:
+        raise ValueError(f"capacity_gpus and duration_s must be > 0, got {capacity_gpus}, {duration_s}")
+    end = start_ts + duration_s
+    series = list(samples)
+    used = used_gpu_s(series, start_ts, end)
+    useful_s = used_gpu_s(series, start_ts, end, useful=useful)
+    done = [o for o in outcomes if completed_by(o, end)]
+    waits = [w for w in (censored_wait_s(o, end) for o in outcomes) if w is not None]
+    slowdowns = [x for x in (shared_slowdown(o) for o in done) if x is not None]
+    capacity_s = capacity_gpus * duration_s
+    return BacklogFigures(
+        duration_s=duration_s, backlog=backlog, capacity_gpus=capacity_gpus, submitted=len(outcomes),
+        completed=len(done), work_completed_gpu_s=sum(o.work_gpu_s for o in done),
+        used_gpu_s=used, useful_gpu_s=useful_s,
+        effective_utilization=used / capacity_s, useful_utilization=useful_s / capacity_s,
+        mean_wait_s=mean(waits), p95_wait_s=percentile(waits, 95), waits=censored_class_waits(outcomes, end),
+        shared_completed=sum(1 for o in done if o.shared),
+        shared_slowdown_median=statistics.median(slowdowns) if slowdowns else None,
+        shared_slowdown_p95=percentile(slowdowns, 95),
+        shared_timeouts=sum(1 for o in outcomes if is_sharing_timeout(o, end)),
+        jobs_harmed=sum(1 for o in outcomes if harmed_by(o, end)),
+        jobs_requeued=sum(1 for o in outcomes if o.requeues > 0),
+        gpu_hours_reclaimed=gpu_hours_reclaimed, stream_exhausted=stream_exhausted,
+    )
+
+
+def _state(outcome: JobOutcome) -> str:
+    return outcome.state.split()[0] if outcome.state else ""
+
+
+def completed_by(outcome: JobOutcome, end_ts: float) -> bool:
+    """Ended COMPLETED no later than the window's end (a job cancelled at the end never counts)."""
+    return _state(outcome) == "COMPLETED" and outcome.end_ts is not None and outcome.end_ts <= end_ts
+
+
+def censored_wait_s(outcome: JobOutcome, end_ts: float) -> float | None:
+    """Wait of a job submitted in the window: to its first start, or to the window's end if it never
+    started by then (a lower bound, so a run that starves jobs cannot look better by leaving them out)."""
+    if outcome.submit_ts > end_ts:
+        return None
+    if outcome.start_ts is not None and outcome.start_ts <= end_ts:
+        return max(0.0, outcome.start_ts - outcome.submit_ts)
+    return max(0.0, end_ts - outcome.submit_ts)
+
+
+def censored_class_waits(outcomes: Sequence[JobOutcome], end_ts: float) -> tuple[ClassWait, ...]:
+    by_class: dict[str, list[JobOutcome]] = {}
+    for outcome in outcomes:
+        by_class.setdefault(outcome.job_class, []).append(outcome)
+    rows = []
+    for name, group in sorted(by_class.items()):
+        waits = [w for w in (censored_wait_s(o, end_ts) for o in group) if w is not None]
+        started = sum(1 for o in group if o.start_ts is not None and o.start_ts <= end_ts)
+        rows.append(ClassWait(name, len(group), started, mean(waits), percentile(waits, 95)))
+    return tuple(rows)
+
+
+def shared_slowdown(outcome: JobOutcome) -> float | None:
+    """Last run's time / the profile's length, for a completed job that ran on shards of a GPU.
+
+    A requeued job's last run plays a different (requeue) profile, so it is left out.
+    """
+    if not outcome.shared or outcome.requeues or outcome.nominal_s is None or outcome.nominal_s <= 0:
+        return None
+    start = outcome.last_start_ts if outcome.last_start_ts is not None else outcome.start_ts
+    if start is None or outcome.end_ts is None or _state(outcome) != "COMPLETED":
+        return None
+    return (outcome.end_ts - start) / outcome.nominal_s
+
+
+def is_sharing_timeout(outcome: JobOutcome, end_ts: float) -> bool:
+    """A shared job that hit its time limit in the window though its profile never hangs."""
+    ended = outcome.end_ts is not None and outcome.end_ts <= end_ts
+    return outcome.shared and not outcome.hangs and ended and _state(outcome) == "TIMEOUT"
+
+
+def harmed_by(outcome: JobOutcome, end_ts: float) -> bool:
+    """Requeued, then ended in a failure state within the window, or lost (no record at all)."""
+    if _state(outcome) in {"LOST", "REFUSED"} or not outcome.state:
+        return True
+    ended = outcome.end_ts is not None and outcome.end_ts <= end_ts
+    return outcome.requeues > 0 and ended and _state(outcome) in FAILED_STATES

@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -94,6 +94,9 @@ class RunSettings:
     controller_interval_s: float = 3.0
     timeout_s: float = 1800.0
     progress_every_s: float = 10.0
+    backlog: int = 0  # > 0: backlogged mode, keep this many jobs pending for `duration_s`
+    duration_s: float = 0.0
+    backlog_tick_s: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -108,9 +111,63 @@ class RunRecord:
     skipped: tuple[SkippedRow, ...] = ()
     job_ids: dict[str, str] = field(default_factory=dict)
     end_ts: float = 0.0
+    start_ts: float = 0.0
+    backlog: int = 0  # > 0: a backlogged run, judged over [start_ts, start_ts + duration_s]
+    duration_s: float = 0.0
+    stream_exhausted: bool = False
 
 
 # ---------------------------------------------------------------- pure parts
+
+class ListedJob(Protocol):
+    """What the backlog count needs of one `SlurmCli.jobs()` entry."""
+
+    @property
+    def job_id(self) -> str: ...
+    @property
+    def state(self) -> str: ...
+
+
+def pending_count(listing: Iterable[ListedJob], ours: Collection[str]) -> int:
+    """Our jobs that are PENDING in one listing (a requeued job pending again counts)."""
+    return sum(1 for job in listing if job.job_id in ours and job.state.split()[0] == "PENDING")
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """Backlogged mode: keep `size` jobs pending from `start_ts` for `duration_s`, then stop."""
+
+    size: int
+    duration_s: float
+    start_ts: float
+
+    def __post_init__(self) -> None:
+        if self.size < 1 or self.duration_s <= 0:
+            raise ValueError(f"a backlog needs size >= 1 and duration_s > 0, got {self.size}, {self.duration_s}")
+
+    @property
+    def end_ts(self) -> float:
+        return self.start_ts + self.duration_s
+
+    def over(self, now: float) -> bool:
+        return now >= self.end_ts
+
+    def to_submit(self, now: float, pending: int, remaining: int) -> int:
+        """How many of the stream's next jobs to submit now: the shortfall, never past the end or the stream."""
+        if self.over(now):
+            return 0
+        return max(0, min(self.size - pending, remaining))
+
+
+def nominal_work_gpu_s(job: WorkloadJob) -> float:
+    """Busy GPU-seconds the job does when it runs as written: its busy phases on the GPUs it loads.
+
+    A hung job's work goes on in its requeue profile (the rest of it); other requeue profiles
+    redo or finish work already counted.
+    """
+    phases = [*job.profile, *(job.requeue_profile if any(p.kind == "hung" for p in job.profile) else ())]
+    return job.effective_gpus_used * sum(p.seconds for p in phases if p.kind == "busy")
+
 
 def user_for(job: WorkloadJob, index: int, users: Sequence[str]) -> str:
     """The workload's user when it is one of ours, else spread over the test users."""
@@ -164,13 +221,22 @@ def _gpu_load(slurm_aigc_cmd: Sequence[str], job: WorkloadJob, phases: Sequence[
 
 
 def outcomes_from_records(records: Sequence[JobRecord], classes: dict[str, str],
-                          shards_per_gpu: dict[str, int]) -> list[JobOutcome]:
-    """One JobOutcome per job from its sacct records (a requeued job has several)."""
+                          shards_per_gpu: dict[str, int], jobs: Mapping[str, WorkloadJob] | None = None) -> list[JobOutcome]:
+    """One JobOutcome per job from its sacct records (a requeued job has several); `jobs` (by job id)
+    adds what the workload says each job should do."""
     by_job: dict[str, list[JobRecord]] = {}
     for record in records:
         by_job.setdefault(record.job_id_raw, []).append(record)
-    return [_outcome(job_id, rows, classes.get(job_id, rows[-1].aigc_class), shards_per_gpu)
-            for job_id, rows in sorted(by_job.items(), key=lambda item: int(item[0]))]
+    outcomes = [_outcome(job_id, rows, classes.get(job_id, rows[-1].aigc_class), shards_per_gpu)
+                for job_id, rows in sorted(by_job.items(), key=lambda item: int(item[0]))]
+    return [with_workload(o, (jobs or {}).get(o.job_id)) for o in outcomes]
+
+
+def with_workload(outcome: JobOutcome, job: WorkloadJob | None) -> JobOutcome:
+    if job is None:
+        return outcome
+    return replace(outcome, work_gpu_s=nominal_work_gpu_s(job), nominal_s=total_seconds(job.profile),
+                   hangs=any(p.kind == "hung" for p in job.profile))
 
 
 def _outcome(job_id: str, rows: list[JobRecord], job_class: str, shards_per_gpu: dict[str, int]) -> JobOutcome:
@@ -188,6 +254,7 @@ def _outcome(job_id: str, rows: list[JobRecord], job_class: str, shards_per_gpu:
         job_id=job_id, job_class=job_class, gpus=whole + fraction, submit_ts=submit,
         start_ts=min(starts) if starts else None, end_ts=last.end_ts, state=last.state.split()[0],
         requeues=sum(1 for r in rows if r.requeued), allocated_gpu_s=allocated,
+        shared=last.tres.shards > 0, last_start_ts=last.start_ts,
     )
 
 
@@ -207,7 +274,8 @@ class ReplayRun:
         self.db_url = f"sqlite:///{settings.out_dir.resolve()}/{settings.mode}.db"
         self.daemons: list[subprocess.Popen[bytes]] = []
         self.job_ids: dict[str, str] = {}
-        self.refused: list[str] = []
+        self.refused: dict[str, float] = {}  # job name -> when sbatch refused it
+        self.stream_exhausted = False
         self.scaled_policy: dict[str, Any] = {}
         self.job_command = cluster.job_command()
 
@@ -231,14 +299,24 @@ class ReplayRun:
         open_database(self.db_url)
         self._prepare_cluster()
         started = time.time()
+        backlog: Backlog | None = None
         try:
             self._start_daemons()
-            self._submit_all(started)
-            self._wait_all_ended(started)
+            if self.settings.backlog > 0:
+                backlog = Backlog(self.settings.backlog, self.settings.duration_s, time.time())
+                self.stream_exhausted = self._submit_backlogged(backlog)
+                self._cancel_leftovers()  # the window is over: what is left is cut, not waited for
+            else:
+                self._submit_all(started)
+                self._wait_all_ended(started)
         finally:
             self._stop_daemons()
             self._cancel_leftovers()
-        return self._collect(started)
+        record = self._collect(started)
+        if backlog is None:
+            return record
+        return replace(record, start_ts=backlog.start_ts, backlog=backlog.size, duration_s=backlog.duration_s,
+                       stream_exhausted=self.stream_exhausted)
 
     # ---- steps
     def _write_run_policy(self) -> Path:
@@ -288,15 +366,39 @@ class ReplayRun:
             delay = started + job.submit_offset_s - time.time()
             if delay > 0:
                 time.sleep(delay)  # the workload's own arrival clock, not a test wait
-            try:
-                self.job_ids[job.name] = self.slurm.submit(sbatch_args(job), job_script(job, self.job_command),
-                                                          user=user_for(job, index, self.settings.users))
-            except SlurmCommandError as error:  # a refused job is a result (counted as lost), not a crash
-                self.refused.append(job.name)
-                self.progress(f"{self.settings.mode}: {job.name} refused by sbatch: {error.stderr.strip().splitlines()[-1:]}")
+            self._submit(index, job)
             if time.time() >= next_report:
                 self.progress(f"{self.settings.mode}: submitted {index + 1}/{len(jobs)}")
                 next_report = time.time() + self.settings.progress_every_s
+
+    def _submit(self, index: int, job: WorkloadJob) -> None:
+        try:
+            self.job_ids[job.name] = self.slurm.submit(sbatch_args(job), job_script(job, self.job_command),
+                                                      user=user_for(job, index, self.settings.users))
+        except SlurmCommandError as error:  # a refused job is a result (counted as lost), not a crash
+            self.refused[job.name] = time.time()
+            self.progress(f"{self.settings.mode}: {job.name} refused by sbatch: {error.stderr.strip().splitlines()[-1:]}")
+
+    def _submit_backlogged(self, backlog: Backlog) -> bool:
+        """Submit the stream in order, topping the pending jobs up to the backlog once per tick (one
+        `squeue` listing a tick), until the window ends. True when the stream ran out first."""
+        jobs = self.workload.jobs
+        position = 0
+        next_report = backlog.start_ts
+        while not backlog.over(now := time.time()):
+            ours = set(self.job_ids.values())
+            pending = pending_count(self.slurm.jobs(), ours) if ours else 0
+            for _ in range(backlog.to_submit(now, pending, len(jobs) - position)):
+                self._submit(position, jobs[position])
+                position += 1
+            if now >= next_report:
+                self.progress(f"{self.settings.mode}: t={now - backlog.start_ts:4.0f}s of {backlog.duration_s:g}s  "
+                              f"submitted {position}/{len(jobs)}, pending {pending}")
+                next_report = now + self.settings.progress_every_s
+            time.sleep(max(0.0, min(self.settings.backlog_tick_s, backlog.end_ts - time.time())))  # the tick clock
+        if position >= len(jobs):
+            self.progress(f"{self.settings.mode}: the job stream ran out before the window ended; the backlog was not kept")
+        return position >= len(jobs)
 
     def _wait_all_ended(self, started: float) -> None:
         deadline = started + self.settings.timeout_s
@@ -337,15 +439,15 @@ class ReplayRun:
         records, skipped = self._sacct(ids, started) if ids else ([], [])
         classes = {job_id: job.job_class for job in self.workload.jobs if (job_id := self.job_ids.get(job.name))}
         shards = {n.gpu.gres_type: n.shards_per_gpu for n in self.cluster.shape().nodes}
-        outcomes = outcomes_from_records(records, classes, shards)
+        by_id = {job_id: job for job in self.workload.jobs if (job_id := self.job_ids.get(job.name))}
+        outcomes = outcomes_from_records(records, classes, shards, by_id)
         # A job sacct never heard of was lost by the scheduler (or refused): count it.
         seen = {o.job_id for o in outcomes}
         for job_id in ids:
             if job_id not in seen:
                 outcomes.append(JobOutcome(job_id, classes.get(job_id, "unknown"), 0.0, started, None, None, "LOST"))
         by_name = {job.name: job for job in self.workload.jobs}
-        for name in self.refused:
-            submitted = started + by_name[name].submit_offset_s
+        for name, submitted in self.refused.items():
             outcomes.append(JobOutcome(f"refused:{name}", by_name[name].job_class, 0.0, submitted, None, None, "REFUSED"))
         samples, reclaimed = self._samples(started)
         return RunRecord(self.settings.mode, tuple(outcomes), samples, self.cluster.shape().total_gpus, reclaimed,
@@ -368,8 +470,8 @@ class ReplayRun:
 
     def _samples(self, started: float) -> tuple[tuple[UsageSample, ...], float]:
         factory = open_database(self.db_url)
-        rows = TelemetryStore(factory).gpu_utilization_since(started)
-        samples = tuple(UsageSample(ts, node, index, util or 0.0) for ts, node, index, util in rows)
+        rows = TelemetryStore(factory).gpu_power_utilization_since(started)
+        samples = tuple(UsageSample(ts, node, index, util or 0.0, power, limit) for ts, node, index, util, power, limit in rows)
         return samples, ReclaimStore(factory).gpu_hours_recovered()
 
 

@@ -98,6 +98,18 @@ class TelemetryStore:
         with transaction(self._factory) as session:
             return [(float(ts), node, int(index), util) for ts, node, index, util in session.execute(query)]
 
+    def gpu_power_utilization_since(self, since_ts: float) -> list[tuple[float, str, int, float | None, float | None, float | None]]:
+        """(ts, node, gpu_index, sm_util_pct, power_draw_w, power_limit_w) since `since_ts`, lost GPUs skipped
+        (replay's useful utilization: high SM at low power is fake-busy)."""
+        query = (
+            select(GpuSample.ts, GpuSample.node, GpuSample.gpu_index, GpuSample.sm_util_pct,
+                   GpuSample.power_draw_w, GpuSample.power_limit_w)
+            .where(GpuSample.ts >= since_ts, GpuSample.lost.is_(False))
+        )
+        with transaction(self._factory) as session:
+            return [(float(ts), node, int(index), util, power, limit)
+                    for ts, node, index, util, power, limit in session.execute(query)]
+
     def record_publication(self, publication: Publication) -> None:
         """Append one row to `node_publications`."""
         with transaction(self._factory) as session:

@@ -7,6 +7,7 @@ import pytest
 from slurm_aigc.replay.metrics import (
     JobOutcome,
     UsageSample,
+    backlog_figures,
     compute,
     is_harmed,
     is_lost,
@@ -14,6 +15,7 @@ from slurm_aigc.replay.metrics import (
     utilization_timeline,
     window,
 )
+from slurm_aigc.report.figures import DEFAULT_USEFUL_RULE, UsefulRule
 
 
 def outcome(job_id: str, cls: str, gpus: float, submit: float, start: float | None, end: float | None,
@@ -100,3 +102,76 @@ def test_empty_run_and_bad_capacity() -> None:
     with pytest.raises(ValueError, match="capacity_gpus"):
         compute(RUN, [], capacity_gpus=0)
 
+
+
+# ---------------------------------------------------------------- useful utilization (issue 14.2)
+
+def powered(node: str, gpu: int, rows: list[tuple[float, float]], start: float = 0.0, step: float = 10.0,
+            limit: float = 400.0) -> list[UsageSample]:
+    """(util %, power W) per 10 s poll."""
+    return [UsageSample(start + i * step, node, gpu, u, p, limit) for i, (u, p) in enumerate(rows)]
+
+
+def test_useful_utilization_leaves_out_fake_busy_and_idle_samples() -> None:
+    # GPU 0: 50 s real work at 90 % (350 W), then 50 s hung at 100 % SM and 60 W (15 % of the limit).
+    # GPU 1: 100 s idle (0 %), 0.5 % at idle power counts nothing either.
+    samples = powered("n1", 0, [(90.0, 350.0)] * 5 + [(100.0, 60.0)] * 5) + powered("n1", 1, [(0.5, 50.0)] * 10)
+    runs = [outcome("1", "train", 2, submit=0, start=0, end=100)]
+    metrics = compute(runs, samples, capacity_gpus=2)
+    assert metrics.used_gpu_s == pytest.approx(50 * 0.9 + 50 * 1.0 + 100 * 0.005)  # the SM figure counts the hang
+    assert metrics.useful_gpu_s == pytest.approx(50 * 0.9)  # fails if the fake-busy (or idle) samples counted
+    assert metrics.useful_utilization == pytest.approx(45 / 200)
+    assert metrics.effective_utilization > 2 * metrics.useful_utilization
+
+
+def test_useful_thresholds_come_from_the_rule_and_unknown_power_is_never_fake() -> None:
+    hung = powered("n1", 0, [(97.0, 100.0)] * 10)  # 25 % of the limit
+    assert used_gpu_s(hung, 0, 100, useful=UsefulRule(1.0, 95.0, 30.0)) == 0.0
+    assert used_gpu_s(hung, 0, 100, useful=UsefulRule(1.0, 95.0, 20.0)) == pytest.approx(97.0)
+    no_power = [UsageSample(i * 10.0, "n1", 0, 99.0) for i in range(10)]
+    assert used_gpu_s(no_power, 0, 100, useful=DEFAULT_USEFUL_RULE) == pytest.approx(99.0)
+
+
+# ---------------------------------------------------------------- backlogged figures (issue 14.1)
+
+def job_run(job_id: str, cls: str, submit: float, start: float | None, end: float | None, state: str = "COMPLETED", *,
+            work: float = 0.0, nominal: float | None = None, shared: bool = False, hangs: bool = False,
+            requeues: int = 0) -> JobOutcome:
+    return JobOutcome(job_id, cls, 1.0, submit, start, end, state, requeues, None, work, nominal, hangs, shared, start)
+
+
+def test_backlog_figures_count_only_the_window() -> None:
+    t0 = 1000.0
+    runs = [
+        job_run("1", "infer", t0, t0, t0 + 40, work=30.0, nominal=40.0, shared=True),  # 1.0x
+        job_run("2", "infer", t0, t0 + 10, t0 + 70, work=30.0, nominal=40.0, shared=True),  # 1.5x
+        job_run("3", "train", t0, t0 + 20, t0 + 90, work=200.0, nominal=60.0),
+        job_run("4", "train", t0 + 30, t0 + 80, t0 + 130, "CANCELLED by 0", work=500.0),  # cut at the end: not done
+        job_run("5", "train", t0 + 50, None, t0 + 100, "CANCELLED by 0", work=500.0),  # never started: waits 50 s
+        job_run("6", "infer", t0 + 5, t0 + 6, t0 + 96, "TIMEOUT", nominal=40.0, shared=True),  # sharing timeout
+        job_run("7", "train", t0 + 5, t0 + 6, t0 + 66, "TIMEOUT", nominal=40.0, shared=True, hangs=True),  # its own hang
+        job_run("8", "infer", t0 + 1, t0 + 2, t0 + 50, "FAILED", requeues=1),  # requeued then failed: harmed
+    ]
+    samples = powered("n1", 0, [(80.0, 300.0)] * 10 + [(100.0, 50.0)] * 5, start=t0) + powered("n1", 0, [(90.0, 300.0)], start=t0 + 150)
+    figures = backlog_figures(runs, samples, capacity_gpus=4, start_ts=t0, duration_s=100.0, backlog=4, gpu_hours_reclaimed=0.5)
+    assert (figures.submitted, figures.completed) == (8, 3)
+    assert figures.work_completed_gpu_s == 260.0
+    assert figures.used_gpu_s == pytest.approx(80.0)  # 100 s at 80 %; the sample after the window is cut
+    assert figures.useful_gpu_s == pytest.approx(80.0) and figures.useful_utilization == pytest.approx(80 / 400)
+    waits = [0, 10, 20, 50, 50, 1, 1, 1]
+    assert figures.mean_wait_s == pytest.approx(sum(waits) / len(waits))
+    train = next(w for w in figures.waits if w.job_class == "train")
+    assert (train.jobs, train.started) == (4, 3) and train.mean_wait_s == pytest.approx((20 + 50 + 50 + 1) / 4)
+    assert figures.shared_completed == 2
+    assert figures.shared_slowdown_median == pytest.approx(1.25) and figures.shared_slowdown_p95 == pytest.approx(1.5)
+    assert figures.shared_timeouts == 1
+    assert (figures.jobs_harmed, figures.jobs_requeued) == (1, 1)
+    assert figures.to_dict()["backlog"] == 4
+
+
+def test_backlog_useful_utilization_drops_the_hung_stretch_inside_the_window() -> None:
+    samples = powered("n1", 0, [(100.0, 40.0)] * 10, start=0.0)  # hung all along
+    figures = backlog_figures([], samples, capacity_gpus=1, start_ts=0.0, duration_s=100.0, backlog=2)
+    assert figures.effective_utilization == pytest.approx(1.0) and figures.useful_utilization == 0.0
+    with pytest.raises(ValueError):
+        backlog_figures([], [], capacity_gpus=1, start_ts=0.0, duration_s=0.0, backlog=2)

@@ -4,11 +4,25 @@ from __future__ import annotations
 
 import os
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
 
 from slurm_aigc.profiles import Phase
-from slurm_aigc.replay.runner import job_script, outcomes_from_records, sbatch_args, user_for
-from slurm_aigc.replay.workload import WorkloadJob
+from slurm_aigc.replay import runner
+from slurm_aigc.replay.runner import (
+    Backlog,
+    RunSettings,
+    job_script,
+    nominal_work_gpu_s,
+    outcomes_from_records,
+    pending_count,
+    sbatch_args,
+    user_for,
+)
+from slurm_aigc.replay.workload import Workload, WorkloadJob
 from slurm_aigc.report.sacct import JobRecord, parse_sacct_output
 from tests.unit.sacct_json import DELIMITER, FIELDS, text_to_json
 
@@ -132,3 +146,85 @@ def test_run_figures_are_read_through_the_stores(tmp_path: Path) -> None:
     assert sorted(TelemetryStore(factory).gpu_utilization_since(100.0), key=lambda r: r[2]) == [
         (100.0, "a100-01", 0, 80.0), (100.0, "a100-01", 1, None)]
     assert ReclaimStore(factory).gpu_hours_recovered() == 1.75
+
+
+# ---------------------------------------------------------------- backlogged mode (issue 14.1)
+
+@dataclass(frozen=True)
+class Listed:
+    job_id: str
+    state: str
+
+
+def test_pending_count_reads_only_our_pending_jobs_from_one_listing() -> None:
+    listing = [Listed("1", "PENDING"), Listed("2", "RUNNING"), Listed("3", "PENDING"), Listed("9", "PENDING"),
+               Listed("4", "COMPLETED"), Listed("5", "PENDING (Resources)")]
+    assert pending_count(listing, {"1", "2", "3", "4", "5"}) == 3  # 9 is someone else's
+    assert pending_count([], {"1"}) == 0
+
+
+def test_backlog_tops_up_to_k_until_the_window_or_the_stream_ends() -> None:
+    backlog = Backlog(size=4, duration_s=60.0, start_ts=1000.0)
+    assert backlog.to_submit(1000.0, pending=0, remaining=100) == 4
+    assert backlog.to_submit(1010.0, pending=3, remaining=100) == 1
+    assert backlog.to_submit(1010.0, pending=6, remaining=100) == 0  # requeued jobs may push it over K
+    assert backlog.to_submit(1020.0, pending=0, remaining=2) == 2  # the stream runs out
+    assert backlog.to_submit(1060.0, pending=0, remaining=100) == 0 and backlog.over(1060.0)
+    with pytest.raises(ValueError):
+        Backlog(size=0, duration_s=60.0, start_ts=0.0)
+    with pytest.raises(ValueError):
+        Backlog(size=2, duration_s=0.0, start_ts=0.0)
+
+
+def test_nominal_work_counts_busy_phases_on_the_gpus_used_and_a_hung_jobs_rest() -> None:
+    assert nominal_work_gpu_s(job()) == 4 * 30
+    assert nominal_work_gpu_s(job(gpus_used=1)) == 30
+    hung = job(profile=(Phase("loading", 10), Phase("busy", 20), Phase("hung", 150)),
+               requeue_profile=(Phase("loading", 10), Phase("busy", 20)), duration_s=180.0, gpus=1)
+    assert nominal_work_gpu_s(hung) == 40
+    redo = job(gpus=1, requeue_profile=(Phase("loading", 10), Phase("busy", 30)))
+    assert nominal_work_gpu_s(redo) == 30  # a requeued busy job redoes work, it does not add any
+
+
+class FakeSlurm:
+    """A Slurm whose jobs stay pending until `start` says otherwise; counts listings and submits."""
+
+    def __init__(self, clock: list[float]) -> None:
+        self.clock = clock
+        self.listings = 0
+        self.submitted: list[tuple[float, str]] = []
+        self.running: set[str] = set()
+
+    def jobs(self) -> list[Listed]:
+        self.listings += 1
+        # each tick the oldest pending job starts: the cluster takes one job a second
+        pending = [str(i + 1) for i in range(len(self.submitted)) if str(i + 1) not in self.running]
+        if pending:
+            self.running.add(pending[0])
+        return [Listed(str(i + 1), "RUNNING" if str(i + 1) in self.running else "PENDING") for i in range(len(self.submitted))]
+
+    def submit(self, args: list[str], script: str, *, user: str | None = None) -> str:
+        self.submitted.append((self.clock[0], next(a for a in args if a.startswith("--job-name="))))
+        return str(len(self.submitted))
+
+
+def test_the_backlogged_loop_keeps_k_pending_with_one_listing_a_tick(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    clock = [1000.0]
+    fake_time = SimpleNamespace(time=lambda: clock[0], sleep=lambda s: clock.__setitem__(0, clock[0] + s))
+    monkeypatch.setattr(runner, "time", fake_time)
+    slurm = FakeSlurm(clock)
+    cluster = SimpleNamespace(slurm=slurm, job_command=lambda: ["slurm-aigc"])
+    workload = Workload(tuple(job(name=f"j{i:02d}") for i in range(30)))
+    settings = RunSettings(mode="stock", policy=tmp_path / "p.yaml", out_dir=tmp_path, users=("u",), passthrough_hook="",
+                           backlog=3, duration_s=10.0)
+    run = runner.ReplayRun(workload, settings, cluster, lambda message: None)
+    exhausted = run._submit_backlogged(Backlog(3, 10.0, 1000.0))
+    assert not exhausted
+    # 3 at once, then one a second as the fake cluster starts one a second; nothing at or after 1010.
+    assert [name for _, name in slurm.submitted] == [f"--job-name=j{i:02d}" for i in range(len(slurm.submitted))]
+    assert [ts for ts, _ in slurm.submitted[:3]] == [1000.0] * 3 and max(ts for ts, _ in slurm.submitted) < 1010.0
+    assert len(slurm.submitted) == 3 + 9
+    assert slurm.listings == 9  # one listing per tick (the first tick has nothing of ours to list), however many jobs
+    short = Workload(tuple(job(name=f"k{i}") for i in range(2)))
+    assert runner.ReplayRun(short, settings, SimpleNamespace(slurm=FakeSlurm(clock), job_command=lambda: ["x"]),
+                            lambda message: None)._submit_backlogged(Backlog(3, 10.0, clock[0]))
