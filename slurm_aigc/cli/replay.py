@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from slurm_aigc.cli.env import CliEnv, command_env
-from slurm_aigc.cli.replay_run import compare, compression_lines, run_workload_command
+from slurm_aigc.cli.replay_run import backlog_option, compare, compression_lines, run_workload_command
 from slurm_aigc.cli.replay_traces import GeneratorChoice, generator_options, workload_from_traces
 from slurm_aigc.errors import AigcError, DatabaseError
 from slurm_aigc.replay.from_sacct import FromSacctParams, workload_from_sacct
@@ -57,6 +57,8 @@ def _env(ctx: click.Context) -> ReplayEnv:
 @click.option("--max-jobs", type=int, default=0, show_default=True, help="With --from-sacct: keep the first N jobs (0: all).")
 @click.option("--db", "db_url", default=None, help="Samples database URL (default: SLURM_AIGC_DB_URL or the local SQLite file).")
 @click.option("--no-samples", is_flag=True, help="With --from-sacct: ignore the samples database.")
+@backlog_option
+@click.option("--duration-s", type=float, default=None, help="With --workload --backlog: how long to keep the backlog.")
 @click.pass_context
 def replay(
     ctx: click.Context,
@@ -69,6 +71,8 @@ def replay(
     max_jobs: int,
     db_url: str | None,
     no_samples: bool,
+    backlog: int | None,
+    duration_s: float | None,
 ) -> None:
     """Replay AIGC workloads from public traces or this site's history, with and without slurm-aigc."""
     if ctx.invoked_subcommand is not None:
@@ -82,7 +86,7 @@ def replay(
         _from_sacct(ctx, since, until, output, params, db_url, no_samples)
         return
     if workload_path:
-        _run_workload(ctx, workload_path)
+        _run_workload(ctx, workload_path, backlog, duration_s)
         return
     click.echo(ctx.get_help())
 
@@ -136,12 +140,12 @@ def _when(text: str, now: datetime, name: str) -> datetime:
         raise click.BadParameter(str(error), param_hint=name) from error
 
 
-def _run_workload(ctx: click.Context, path: Path) -> None:
-    """Validate the file, then run it on the local cluster (`replay run --workload FILE` with defaults)."""
+def _run_workload(ctx: click.Context, path: Path, backlog: int | None, duration_s: float | None) -> None:
+    """Validate the file, then run it on the local cluster (`replay run --workload FILE [--backlog K --duration-s D]`)."""
     from slurm_aigc.cli.replay_run import run_workload_command
 
     read_workload(path)
-    ctx.invoke(run_workload_command, workload_path=path)
+    ctx.invoke(run_workload_command, workload_path=path, backlog=backlog, duration_s=duration_s)
 
 
 # ---------------------------------------------------------------- convert

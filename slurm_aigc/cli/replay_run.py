@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -13,13 +14,31 @@ from slurm_aigc.localcluster.config import NOOP_HOOK_LUA, TEST_USERS
 from slurm_aigc.localcluster.manager import LocalCluster
 from slurm_aigc.policy.loader import load_policy
 from slurm_aigc.policy.paths import default_policy
-from slurm_aigc.replay.compare import comparison_json, comparison_rows, metrics_of, plot_utilization, render_table
+from slurm_aigc.replay.compare import (
+    backlog_json,
+    backlog_of,
+    backlog_rows,
+    comparison_json,
+    comparison_rows,
+    metrics_of,
+    plot_utilization,
+    render_table,
+)
 from slurm_aigc.replay.runner import MODES, RunSettings, run_modes
 from slurm_aigc.replay.timescale import compression_report
 from slurm_aigc.replay.workload import Workload
 from slurm_aigc.replay.workload_files import read_workload, write_workload
+from slurm_aigc.report.figures import UsefulRule
 
 COMPARE_SHAPE = "a100:8x6,t4:4x10"
+# A backlogged run must not run out of jobs: the stream is generated with this much demand over
+# the window (x capacity) unless --load says otherwise; `stream_exhausted` reports a shortfall.
+BACKLOG_LOAD = 4.0
+
+backlog_option = click.option(
+    "--backlog", type=click.IntRange(min=1), default=None,
+    help="Backlogged mode: keep K jobs pending (the next job of the stream is submitted whenever fewer are) "
+         "for --duration-s seconds, then cancel what is left; figures cover that window.")
 
 
 def _progress(message: str) -> None:
@@ -34,10 +53,21 @@ def compression_lines(workload: Workload, policy: Path | None, replay_s: float |
         raise click.BadParameter(str(error), param_hint="--workload") from error
 
 
-def local_run_settings(policy: Path | None, out_dir: Path, timeout_s: float = 1800.0, mode: str = MODES[0]) -> RunSettings:
+def local_run_settings(policy: Path | None, out_dir: Path, timeout_s: float = 1800.0, mode: str = MODES[0],
+                       backlog: int | None = None, duration_s: float | None = None) -> RunSettings:
     """Run settings for the local cluster: its test users submit, its no-op hook is stock mode's."""
+    if backlog is not None and not duration_s:
+        raise click.UsageError("--backlog needs --duration-s (how long to keep the backlog)")
+    if duration_s is not None and duration_s <= 0:
+        raise click.BadParameter("must be > 0", param_hint="--duration-s")
     return RunSettings(mode=mode, policy=policy or default_policy(), out_dir=out_dir, users=TEST_USERS,
-                       passthrough_hook=NOOP_HOOK_LUA, timeout_s=timeout_s)
+                       passthrough_hook=NOOP_HOOK_LUA, timeout_s=timeout_s, backlog=backlog or 0,
+                       duration_s=(duration_s or 0.0) if backlog else 0.0)
+
+
+def useful_rule(policy: Path | None) -> UsefulRule:
+    """What counts as useful SM time: the reclaim thresholds of the policy (the same for both runs)."""
+    return UsefulRule.of(load_policy(policy).reclaim.defaults)
 
 
 @click.command("run")
@@ -48,18 +78,23 @@ def local_run_settings(policy: Path | None, out_dir: Path, timeout_s: float = 18
               help="Policy file (default: the installed one).")
 @click.option("--out-dir", type=click.Path(path_type=Path, file_okay=False), default=Path("replay-out"), show_default=True)
 @click.option("--timeout", "timeout_s", type=float, default=1800.0, show_default=True, help="Give up waiting after this many seconds.")
-def run_workload_command(workload_path: Path, mode: str, policy: Path | None, out_dir: Path, timeout_s: float) -> None:
+@backlog_option
+@click.option("--duration-s", type=float, default=None, help="With --backlog: how long to keep the backlog.")
+def run_workload_command(workload_path: Path, mode: str, policy: Path | None, out_dir: Path, timeout_s: float,
+                         backlog: int | None = None, duration_s: float | None = None) -> None:
     """Run one workload file on the running local cluster and print its figures."""
-    cluster = LocalCluster(progress=_progress)
+    settings = local_run_settings(policy, out_dir, timeout_s, backlog=backlog, duration_s=duration_s)
     workload = read_workload(workload_path)
-    for line in compression_lines(workload, policy):
+    for line in compression_lines(workload, policy, duration_s if backlog else None):
         click.echo(line, err=True)
-    [record] = run_modes(workload, [mode], local_run_settings(policy, out_dir, timeout_s), cluster, _progress)
-    metrics = metrics_of(record)
-    (out_dir / f"{mode}-metrics.json").write_text(json.dumps(metrics.to_dict(), indent=1))
-    for key, value in metrics.to_dict().items():
+    cluster = LocalCluster(progress=_progress)
+    [record] = run_modes(workload, [mode], settings, cluster, _progress)
+    rule = useful_rule(policy)
+    figures = (backlog_of(record, rule) if backlog else metrics_of(record, rule)).to_dict()
+    (out_dir / f"{mode}-metrics.json").write_text(json.dumps(figures, indent=1))
+    for key, value in figures.items():
         if key != "waits":
-            click.echo(f"{key:24} {value}")
+            click.echo(f"{key:28} {value}")
 
 
 @click.command("compare")
@@ -71,31 +106,50 @@ def run_workload_command(workload_path: Path, mode: str, policy: Path | None, ou
               help="slurm-aigc policy for the aigc run (default: the installed one).")
 @click.option("--out-dir", type=click.Path(path_type=Path, file_okay=False), default=Path("replay-out"), show_default=True)
 @click.option("--timeout", "timeout_s", type=float, default=1800.0, show_default=True, help="Per run.")
+@backlog_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 def compare(workload_path: Path | None, shape: str, policy: Path | None, out_dir: Path, timeout_s: float,
-            as_json: bool, **generator: Any) -> None:
-    """Run the same workload on stock Slurm and on slurm-aigc; print the figures side by side."""
+            backlog: int | None, as_json: bool, **generator: Any) -> None:
+    """Run the same workload on stock Slurm and on slurm-aigc; print the figures side by side.
+
+    With --backlog K --duration-s D both runs take the same ordered job stream and keep K jobs
+    pending for D seconds (backlogged mode); without, jobs arrive at their workload offsets.
+    """
+    duration_s = generator["duration_s"] or (60 * generator["minutes"] if generator["minutes"] else None)
+    settings = local_run_settings(policy, out_dir, timeout_s, backlog=backlog, duration_s=duration_s)
+    if backlog and generator.get("load_target") is None:
+        generator["load_target"] = BACKLOG_LOAD
     cluster = LocalCluster(progress=_progress)
     cluster.up(shape, install=False, replace=True)
     workload = _workload(workload_path, generator, cluster)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_workload(workload, out_dir / "workload.csv")
-    reach = compression_lines(workload, policy)
+    reach = compression_lines(workload, policy, duration_s if backlog else None)
     for line in reach:
         click.echo(line, err=True)
-    stock, aigc = run_modes(workload, MODES, local_run_settings(policy, out_dir, timeout_s), cluster, _progress)
-    stock_metrics, aigc_metrics = metrics_of(stock), metrics_of(aigc)
-    plot = plot_utilization([stock, aigc], out_dir / "utilization.png")
-    document = comparison_json(stock_metrics, aigc_metrics, {
+    stock, aigc = run_modes(workload, MODES, settings, cluster, _progress)
+    rule = useful_rule(policy)
+    plot = plot_utilization([stock, aigc], out_dir / "utilization.png", useful=rule)
+    extra = {
         "shape": shape, "jobs": len(workload.jobs), "workload": str(out_dir / "workload.csv"),
         "workload_meta": {k: v for k, v in workload.meta.items() if k != "params"}, "plot": str(plot),
-        "compression": reach[0], "warnings": reach[1:],
-    })
+        "compression": reach[0], "warnings": reach[1:], "useful_rule": dataclasses.asdict(rule),
+    }
+    if backlog:
+        stock_window, aigc_window = backlog_of(stock, rule), backlog_of(aigc, rule)
+        document = backlog_json(stock_window, aigc_window, {**extra, "backlog": backlog, "duration_s": duration_s})
+        rows = backlog_rows(stock_window, aigc_window)
+        if stock.stream_exhausted or aigc.stream_exhausted:
+            click.echo("warning: the job stream ran out before the window ended; raise --load or --max-jobs", err=True)
+    else:
+        stock_metrics, aigc_metrics = metrics_of(stock, rule), metrics_of(aigc, rule)
+        document = comparison_json(stock_metrics, aigc_metrics, extra)
+        rows = comparison_rows(stock_metrics, aigc_metrics)
     (out_dir / "compare.json").write_text(json.dumps(document, indent=1))
     if as_json:
         click.echo(json.dumps(document))
         return
-    click.echo(render_table(comparison_rows(stock_metrics, aigc_metrics)))
+    click.echo(render_table(rows))
     click.echo(f"\nplot: {plot}\njson: {out_dir / 'compare.json'}")
 
 

@@ -221,9 +221,10 @@ def _per_gpu(samples: Iterable[UsageSample], useful: UsefulRule | None) -> dict[
 
 
 def utilization_timeline(
-    samples: Iterable[UsageSample], capacity_gpus: float, start: float, end: float, bin_s: float = 10.0
+    samples: Iterable[UsageSample], capacity_gpus: float, start: float, end: float, bin_s: float = 10.0,
+    useful: UsefulRule | None = None,
 ) -> list[tuple[float, float]]:
-    """(seconds since start, used fraction of capacity) per `bin_s` bin, for the plot."""
+    """(seconds since start, used (or, with `useful`, useful) fraction of capacity) per `bin_s` bin, for the plot."""
     if end <= start or bin_s <= 0 or capacity_gpus <= 0:
         return []
     bins = math.ceil((end - start) / bin_s)
@@ -232,7 +233,7 @@ def utilization_timeline(
     for index in range(bins):
         low = start + index * bin_s
         high = min(end, low + bin_s)
-        used = used_gpu_s(series, low, high)
+        used = used_gpu_s(series, low, high, useful=useful)
         points.append((index * bin_s, used / (capacity_gpus * (high - low))))
     return points
 

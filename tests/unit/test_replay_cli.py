@@ -177,22 +177,30 @@ def test_workload_option_validates_then_hands_over_to_the_runner(tmp_path: Path,
     out = tmp_path / "w.csv"
     CliRunner().invoke(replay, ["convert", "--trace", "philly", "--input", str(FIXTURES / FIXTURE_FILES["philly"]), "-o", str(out)])
     seen: list[Path] = []
+    backlogs: list[tuple[int | None, float | None]] = []
 
     @click.command()
     @click.option("--workload", "workload_path", type=Path)
-    def fake_run(workload_path: Path) -> None:
+    @click.option("--backlog", type=int)
+    @click.option("--duration-s", type=float)
+    def fake_run(workload_path: Path, backlog: int | None, duration_s: float | None) -> None:
         seen.append(workload_path)
+        backlogs.append((backlog, duration_s))
 
     from slurm_aigc.cli import replay_run
 
     monkeypatch.setattr(replay_run, "run_workload_command", fake_run)
     result = CliRunner().invoke(replay, ["--workload", str(out)])
     assert result.exit_code == 0, result.output
-    assert seen == [out]
+    assert seen == [out] and backlogs == [(None, None)]
+    backlogged = CliRunner().invoke(replay, ["--workload", str(out), "--backlog", "4", "--duration-s", "60"])
+    assert backlogged.exit_code == 0, backlogged.output
+    assert backlogs[-1] == (4, 60.0)
+    seen.clear()
     broken = tmp_path / "broken.csv"
     broken.write_text(out.read_text().replace(",philly", ",nonsense-source", 1).replace("name,", "nom,", 1))
     rejected = CliRunner().invoke(replay, ["--workload", str(broken)])
-    assert rejected.exit_code != 0 and seen == [out]
+    assert rejected.exit_code != 0 and seen == []
 
 
 def test_same_seed_gives_the_same_file_across_processes(tmp_path: Path) -> None:
@@ -232,3 +240,22 @@ def test_show_says_a_hand_written_file_replays_at_compression_1_and_warns(tmp_pa
     path.write_text("# compression: fast\n" + HAND_WRITTEN)
     bad = CliRunner().invoke(replay, ["show", "--workload", str(path), "--policy", str(SHIPPED_POLICY)])
     assert bad.exit_code == 2 and "'fast'" in bad.output
+
+
+def test_backlog_needs_a_positive_duration_before_any_cluster_is_touched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_aigc.cli import replay_run
+
+    def no_cluster(*args: object, **kwargs: object) -> None:
+        raise AssertionError("no cluster wanted here")
+
+    monkeypatch.setattr(replay_run, "LocalCluster", no_cluster)
+    missing = CliRunner().invoke(replay, ["compare", "--backlog", "4", "--out-dir", str(tmp_path)])
+    assert missing.exit_code == 2 and "--backlog needs --duration-s" in missing.output
+    zero = CliRunner().invoke(replay, ["compare", "--backlog", "4", "--duration-s", "0", "--out-dir", str(tmp_path)])
+    assert zero.exit_code == 2 and "--duration-s" in zero.output
+    bad_k = CliRunner().invoke(replay, ["compare", "--backlog", "0", "--duration-s", "60"])
+    assert bad_k.exit_code == 2 and "--backlog" in bad_k.output
+    path = tmp_path / "hand.csv"
+    path.write_text(HAND_WRITTEN)
+    run = CliRunner().invoke(replay, ["run", "--workload", str(path), "--backlog", "2"])
+    assert run.exit_code == 2 and "--backlog needs --duration-s" in run.output
