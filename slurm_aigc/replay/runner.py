@@ -3,7 +3,8 @@
 The one place with replay side effects: installs the hook (or a pass-through one), starts
 one agent per node and (for slurm-aigc) the controller as subprocesses, submits each job at
 its offset with `sbatch`, waits until every job has ended, then reads what happened from
-sacct and the samples database. Agents run in both modes (observing only in stock mode),
+sacct and the samples database. In backlogged mode (`RunSettings.backlog`) it instead keeps
+that many jobs of the stream pending for `duration_s`, then cancels what is left. Agents run in both modes (observing only in stock mode),
 so both runs' utilization is measured the same way.
 
 The cluster is a `ReplayCluster` handed in by the CLI (the local dev cluster satisfies it),
