@@ -24,6 +24,7 @@ TREE=$PWD
 CACHE=${SLURM_AIGC_CHROOT_CACHE:-/var/cache/slurm-aigc}
 RESULTS=${SLURM_AIGC_RESULTS:-/tmp/slurm-aigc-results}
 NS_ADDR=10.213.0.1
+NS_PEER=10.213.0.2
 NS_HOST=aigc-chroot
 APT_ETC=${APT_ETC:-/etc/apt}                                      # tests point these elsewhere
 DEBIAN_VERSION_FILE=${DEBIAN_VERSION_FILE:-/etc/debian_version}
@@ -105,6 +106,17 @@ build_chroot() {
     done
 }
 
+# The working tree as git sees it (tracked and untracked, not ignored files: no host .venv);
+# outside a git checkout, everything but the venv and caches.
+copy_tree() {
+    if git -C "$TREE" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+        git -C "$TREE" ls-files -z --cached --others --exclude-standard \
+            | (cd "$TREE" && tar --null --ignore-failed-read -T - -cf - 2>/dev/null)
+    else
+        (cd "$TREE" && tar --exclude=./.venv --exclude=__pycache__ --exclude=./.mypy_cache --exclude=./.ruff_cache -cf - .)
+    fi | tar -xf - -C "$1"
+}
+
 # Runs shell text $3 chrooted in $1 inside new mount+PID namespaces (and, with $2 = own-net, new
 # network+UTS namespaces with a veth pair). /proc, /sys, /dev, /dev/pts, /run are mounted in the
 # private mount namespace, so they disappear with it.
@@ -112,14 +124,18 @@ in_namespaces() {
     local root=$1 net=$2 command=$3 flags=(--mount --pid --fork --propagation private)
     [ "$net" = own-net ] && flags+=(--net --uts)
     unshare "${flags[@]}" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 $(env | grep '^PIP_[A-Z_]*=[^ ]*$') \
-        ROOT="$root" NET="$net" NS_ADDR="$NS_ADDR" NS_HOST="$NS_HOST" COMMAND="$command" \
+        ROOT="$root" NET="$net" NS_ADDR="$NS_ADDR" NS_PEER="$NS_PEER" NS_HOST="$NS_HOST" COMMAND="$command" \
         bash -euc '
         if [ "$NET" = own-net ]; then
             hostname "$NS_HOST"
             ip link set lo up
             ip link add aigc0 type veth peer name aigc1
             ip addr add "$NS_ADDR/24" dev aigc0
+            ip addr add "$NS_PEER/24" dev aigc1
             ip link set aigc0 up; ip link set aigc1 up
+            # A default route as on a real host (it leads nowhere): the outgoing-interface probe
+            # in the metrics tests then finds the private address instead of skipping.
+            ip route add default via "$NS_PEER" dev aigc0
         fi
         mount -t proc proc "$ROOT/proc"
         # Read-only kernel settings: package scripts (procps: sysctl --system) must not tune the host.
@@ -139,8 +155,9 @@ release=$(host_release)
 case "$release" in bookworm) other=trixie ;; trixie) other=bookworm ;; esac
 mirror=${SLURM_AIGC_DEBIAN_MIRROR:-$(debian_mirror "$release")}
 packages="$BASE_PACKAGES $(cluster_packages)"
-# The key: what the build depends on (the build functions' code, comments stripped by declare -f).
-key=$(printf '%s\n' "$other" "$mirror" "$packages" "$(declare -f build_chroot in_namespaces)" | sha256sum | cut -c1-12)
+# The key: what the built tree depends on (build_chroot's code, comments stripped by declare -f;
+# in_namespaces only mounts for the build, and its mounts do not stay in the tree).
+key=$(printf '%s\n' "$other" "$mirror" "$packages" "$(declare -f build_chroot)" | sha256sum | cut -c1-12)
 mkdir -p "$CACHE"
 root="$CACHE/chroot-$other-$key"
 exec 9>"$CACHE/chroot-$other.lock"
@@ -165,10 +182,9 @@ mkdir -p "$run/upper" "$run/work" "$merged"
 mount -t overlay overlay -o "lowerdir=$root,upperdir=$run/upper,workdir=$run/work" "$merged" \
     || die "cannot mount an overlay on $root"
 
-# The working tree as git sees it (tracked and untracked, not ignored files): no host .venv.
 mkdir -p "$merged/srv/slurm-aigc"
-git -C "$TREE" ls-files -z --cached --others --exclude-standard \
-    | (cd "$TREE" && tar --null --ignore-failed-read -T - -cf - 2>/dev/null) | tar -xf - -C "$merged/srv/slurm-aigc"
+copy_tree "$merged/srv/slurm-aigc"
+[ -f "$merged/srv/slurm-aigc/scripts/test.sh" ] || die "copying the working tree into the chroot failed"
 cp /etc/resolv.conf "$merged/etc/resolv.conf"
 printf '127.0.0.1 localhost\n%s %s\n' "$NS_ADDR" "$NS_HOST" >"$merged/etc/hosts"
 echo "$NS_HOST" >"$merged/etc/hostname"
@@ -180,6 +196,10 @@ cp /etc/ssl/certs/ca-certificates.crt "$merged/etc/ssl/certs/ca-certificates.crt
 for dir in $(pip_local_dirs); do
     mkdir -p "$merged$dir" && mount --bind -o ro "$dir" "$merged$dir" && binds+=("$merged$dir")
 done
+# ../shared (trace and topology fixtures the tests read when present), read-only as on the host.
+if [ -d "$TREE/../shared" ]; then
+    mkdir -p "$merged/srv/shared" && mount --bind -o ro "$TREE/../shared" "$merged/srv/shared" && binds+=("$merged/srv/shared")
+fi
 # pip's cache survives runs.
 mkdir -p "$CACHE/pip-$other" "$merged/root/.cache/pip"
 mount --bind "$CACHE/pip-$other" "$merged/root/.cache/pip" && binds+=("$merged/root/.cache/pip")
