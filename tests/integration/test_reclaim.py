@@ -30,7 +30,7 @@ from slurm_aigc.reclaim.jobs import gpu_count
 from slurm_aigc.reclaim.ladder import PlannedAction
 from slurm_aigc.reclaim.store import ActionRow, ReclaimStore
 from tests.conftest import SLURM_AIGC_BIN, ClusterHandle
-from tests.integration.helpers import TERMINAL_STATES, cancel_quietly, submit, wait_for, wait_job_state
+from tests.integration.helpers import TERMINAL_STATES, cancel_quietly, job_output, submit, wait_for, wait_job_state
 
 pytestmark = pytest.mark.cluster
 
@@ -275,7 +275,7 @@ def test_dry_run_changes_nothing_in_slurm(reclaim: Reclaim) -> None:
                            f"a dry-run requeue of job {job_id}", dry_run=True)
         rows = reclaim.actions(job_id)
         assert [(r.action, r.state, r.dry_run) for r in rows] == [("notify", "skipped", True), ("requeue", "skipped", True)]
-        assert rows[1].detail["commands"] == [f"scontrol requeue {job_id}"]
+        assert rows[1].detail["commands"] == [f"scontrol requeue Incomplete {job_id}"]
         after = cluster.slurm.job(job_id)
         assert after is not None
         assert (after.state, after.restarts, after.admin_comment) == ("RUNNING", 0, before.admin_comment)
@@ -369,4 +369,37 @@ def test_a_shrink_held_through_a_slow_epilog_ends_released_even_after_a_controll
     finally:
         if job_id:
             cancel(cluster, job_id)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def test_signal_reaches_only_a_job_that_declared_it_handles_it(cluster: ClusterHandle) -> None:
+    # SIGUSR1's default action ends a batch script that does not trap it: that job must not get it.
+    work = Path(tempfile.mkdtemp(prefix="slurm-aigc-signal-test-"))
+    store = ReclaimStore(open_database(f"sqlite:///{work / 'state.db'}"))
+    config = load_reclaim_config(None)
+    trapping = "trap 'echo aigc-got-usr1' USR1\nwhile true; do sleep 1; done\n"
+    untrapped = submit(cluster, "sleep 600\n", "--gres=gpu:1")
+    declared = submit(cluster, trapping, "--gres=gpu:1", "--signal=B:USR1@5")
+    try:
+        for job_id in (untrapped, declared):
+            wait_job_state(cluster, job_id, "RUNNING", timeout_s=90)
+        # What the hook (from job_desc.warn_signal) or an admin stamps; job owners cannot write it.
+        stamped = cluster.slurm.job(declared)
+        assert stamped is not None
+        head, _, rest = stamped.admin_comment.partition(";")
+        cluster.slurm.update_job(declared, AdminComment=f"{head.strip()} aigc_signal=B.USR1".strip() + (f";{rest}" if rest else ""))
+        actuator = Actuator(cluster.slurm, store, config)
+        for job_id in (untrapped, declared):
+            job = cluster.slurm.job(job_id)
+            assert job is not None
+            actuator.apply(plan_for(job_id, "signal"), job)
+        rows = {r.job_id: r for r in store.audit()}
+        assert rows[untrapped].state == "skipped" and "did not declare" in rows[untrapped].detail["skipped"]
+        assert rows[declared].state == "done", rows[declared].detail
+        wait_for(lambda: "aigc-got-usr1" in job_output(declared), 30, f"job {declared} to trap SIGUSR1")
+        for job_id in (untrapped, declared):
+            job = cluster.slurm.job(job_id)
+            assert job is not None and job.state == "RUNNING", (job_id, job and job.state)
+    finally:
+        cancel(cluster, untrapped, declared)
         shutil.rmtree(work, ignore_errors=True)
