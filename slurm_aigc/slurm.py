@@ -114,6 +114,7 @@ class JobInfo:
     features: str
     fields: Mapping[str, str]
     gres_detail: tuple[tuple[str, str], ...] = ()
+    work_dir: str = ""
 
 
 # Slurm's keys are CamelCase (`JobId`, `ReqB:S:C:T`, `CPUs/Task`); user text such as the
@@ -243,7 +244,7 @@ def job_from_json(job: JsonObject) -> JobInfo:
         fields=_compat_fields({"TresPerJob": t(job.get("tres_per_job")), "TresPerNode": t(job.get("tres_per_node")),
                                "Priority": priority, "Prefer": t(job.get("prefer")), "Features": t(job.get("features")),
                                "Comment": t(job.get("comment")), "AdminComment": t(job.get("admin_comment"))}),
-        gres_detail=slurmjson.gres_detail(job),
+        gres_detail=slurmjson.gres_detail(job), work_dir=t(job.get("current_working_directory")),
     )
 
 

@@ -58,7 +58,7 @@ def test_user_text_never_changes_a_jobs_identity_or_gres(name: str, comment: str
     jobs = SlurmCli(Runner(text), slurm_version=version).jobs()
     assert [(j.job_id, j.user, j.account, j.state) for j in jobs] == [("61", "aigc-alice", "aigc", "RUNNING"), ("53", "aigc-bob", "vip", "RUNNING")]
     alice = jobs[0]
-    assert (alice.name, alice.comment) == (name, comment)
+    assert (alice.name, alice.comment, alice.work_dir) == (name, comment, workdir)
     assert alice.gres_detail == (("a100-01", "gpu:a100:2(IDX:0-1)"),) and job_gpu_indices(alice, "a100-01") == {0, 1}
     assert alice.alloc_tres == "cpu=1,gres/gpu=2" and alice.tres_per_node == "gres:gpu:2"
 
