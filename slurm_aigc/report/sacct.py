@@ -323,10 +323,15 @@ class _HasComments(Protocol):
     def admin_comment(self) -> str: ...
 
 
-class JobLookup(Protocol):
-    """`SlurmCli.job` (scontrol show job): slurmctld's view of a job it still remembers."""
+class _HasIdAndComments(_HasComments, Protocol):
+    @property
+    def job_id(self) -> str: ...
 
-    def job(self, job_id: str) -> _HasComments | None: ...
+
+class JobLookup(Protocol):
+    """`SlurmCli.jobs` (JSON): every job slurmctld still remembers."""
+
+    def jobs(self) -> Sequence[_HasIdAndComments]: ...
 
 
 def with_live_comments(rows: Iterable[Row], slurm: JobLookup) -> Iterator[Row]:
@@ -334,20 +339,28 @@ def with_live_comments(rows: Iterable[Row], slurm: JobLookup) -> Iterator[Row]:
 
     slurmdbd 22.05 stores a job's comment when the job ends (a job that started at once
     shows an empty Comment in sacct while it runs), so its AIGC class would read as
-    unknown; `scontrol show job` has it.
+    unknown; slurmctld has it. All jobs are read once, on the first record that needs it
+    (on 22.05 reading one job costs as much as reading all of them).
     """
+    live_jobs: dict[str, _HasIdAndComments] | None = None
     for row in rows:
         if isinstance(row, JobRecord) and row.end_ts is None and not (row.comment or row.admin_comment):
-            try:
-                live = slurm.job(row.job_id_raw)
-            except SlurmCommandError as error:  # best effort: slurmctld may be restarting
-                log.warning("cannot read job %s's comment from slurmctld: %s", row.job_id_raw, error)
-                live = None
+            if live_jobs is None:
+                live_jobs = _live_jobs(slurm)
+            live = live_jobs.get(row.job_id_raw)
             if live is not None and (live.comment or live.admin_comment):
                 row = replace(row, comment=live.comment, admin_comment=live.admin_comment,
                               aigc_class=aigc_class_of(live.admin_comment))
         yield row
 
 
+def _live_jobs(slurm: JobLookup) -> dict[str, _HasIdAndComments]:
+    try:
+        return {job.job_id: job for job in slurm.jobs()}
+    except SlurmCommandError as error:  # best effort: slurmctld may be restarting
+        log.warning("cannot read running jobs' comments from slurmctld: %s", error)
+        return {}
+
+
 class ReportSlurm(SacctRunner, JobLookup, Protocol):
-    """What reports need of `slurm_aigc.slurm.SlurmCli`: `run("sacct", ...)` and `job(id)`."""
+    """What reports need of `slurm_aigc.slurm.SlurmCli`: `run("sacct", ...)` and `jobs()`."""
