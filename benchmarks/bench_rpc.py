@@ -157,11 +157,14 @@ def running(ids: Sequence[str]) -> int:
 
 def started_between(ids: Sequence[str], start: float, end: float) -> int:
     """Jobs of `ids` that started in [start, end) (from slurmdbd's `sacct`, not slurmctld)."""
-    argv = ["sacct", "-n", "-X", "-P", "-o", "JobID,Start", "-j", ",".join(ids)]
+    window = [time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t)) for t in (start - 1, end + 1)]
+    argv = ["sacct", "-a", "-n", "-X", "-P", "-o", "JobID,Start", "-S", window[0], "-E", window[1]]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=60).stdout
-    count = 0
+    wanted, count = set(ids), 0
     for line in out.splitlines():
-        _, _, when = line.partition("|")
+        job, _, when = line.partition("|")
+        if job not in wanted:
+            continue
         try:
             ts = time.mktime(time.strptime(when.strip(), "%Y-%m-%dT%H:%M:%S"))
         except ValueError:
