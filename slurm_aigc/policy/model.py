@@ -222,7 +222,7 @@ class AgentConfig:
     simgpu_dir: str = DEFAULT_SIMGPU_DIR  # an absent key: $SLURM_AIGC_SIMGPU_DIR when set
     interval_s: float = 10.0
     publish_features: bool = True
-    feature_check_s: float = 60.0
+    feature_check_s: float = 1800.0  # the publisher re-adds lost static features each cycle (issue 11.5)
     metrics_port: int | None = None
     metrics_address: str = "127.0.0.1"  # /metrics has no authentication: loopback unless an admin opens it
 
