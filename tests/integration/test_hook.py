@@ -273,3 +273,13 @@ def test_a_syntax_error_written_behind_installs_back_keeps_the_previous_hook(clu
         assert re.search(r"\bshard:20\b", job(cluster, jobs[1]).tres_per_node)  # previous hook still active
     finally:
         atomic_write(cluster.etc_dir / HOOK_FILE, good)  # install_hook refuses to replace a file not ours
+
+
+def test_a_comment_at_slurms_limit_is_still_accepted(cluster: Any, hook_installed: Path, jobs: list[str]) -> None:
+    """slurmctld refuses a comment over 1,024 bytes after the plugin ran; the hook must not push one over."""
+    comment = "aigc:type=infer,vram=20G " + "x" * (1024 - 25)
+    assert len(comment) == 1024
+    jobs.append(submit(cluster, SLEEP, "--hold", "--gres=gpu:1", f"--comment={comment}"))
+    info = job(cluster, jobs[0])
+    assert info.comment.strip() == comment and info.admin_comment == "aigc_class=infer"
+    assert re.search(r"\bshard:20\b", info.tres_per_node)
