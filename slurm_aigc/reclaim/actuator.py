@@ -153,11 +153,12 @@ class Actuator:
         if action_id is None:
             return ActionResult(plan.observation_key, plan.job_id, plan.action, "duplicate", plan.dry_run, commands)
         result = self._checked_run(plan)
+        # A skip ran nothing: the intent keeps the commands that were planned.
+        detail = {**result.detail, "commands": list(result.commands)} if result.commands else dict(result.detail)
         if result.state == "intent":
-            self._store.record_progress(action_id, {**result.detail, "commands": list(result.commands)})
+            self._store.record_progress(action_id, detail)
         else:
-            self._store.record_outcome(action_id, result.state, {**result.detail, "commands": list(result.commands)},
-                                       self._clock())
+            self._store.record_outcome(action_id, result.state, detail, self._clock())
         LOG.info("%s", result.line())
         return result
 
@@ -204,11 +205,22 @@ class Actuator:
             self._slurm.cancel(plan.job_id)
             return {"result": "cancelled"}
         if plan.action == "shrink":
+            return self._shrink(plan, job)
+        raise ValueError(f"unknown action {plan.action!r}")
+
+    def _shrink(self, plan: PlannedAction, job: JobInfo) -> dict[str, Any]:
+        """`requeuehold`, then finish; any Slurm error from here on keeps the intent open.
+
+        Even a failed `requeuehold` may have held the job (a timeout after slurmctld acted),
+        so reconciliation decides from the restart count, never this process.
+        """
+        try:
             self._slurm.requeue(plan.job_id, hold=True, incomplete_only=True)
             if not self._restarted(plan.job_id, job.restarts):
                 return {"skipped": "Slurm did not requeue it: the job had ended (requeuehold Incomplete); nothing held"}
             return self._finish_shrink(plan.job_id, job, plan.gpus_after, self._pending_wait_s)
-        raise ValueError(f"unknown action {plan.action!r}")
+        except SlurmCommandError as error:
+            return {"open": f"interrupted after requeuehold ({error}); settled on a later tick", "phase": "unknown"}
 
     def _restarted(self, job_id: str, restarts_before: int) -> bool:
         """Did the requeue take? `Incomplete` makes slurmctld skip an ended job silently (exit 0)."""

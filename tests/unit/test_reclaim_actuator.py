@@ -325,3 +325,31 @@ def test_dry_run_reconcile_of_a_half_done_shrink_changes_nothing(store: ReclaimS
     assert report.dry_run and "would finish the shrink" in report.detail["result"]
     assert len(fake.mutations()) == before and fake.jobs["7"].priority == 0
     assert [r.state for r in store.audit()] == ["intent"]
+
+
+def test_a_shrink_interrupted_by_slurmctld_after_the_hold_stays_open_until_released(store: ReclaimStore) -> None:
+    fake, actuator, _, _ = setup(store)
+    fake.fail["scontrol update"] = "slurm_update error: Unable to contact slurm controller"
+    fake.fail["scontrol release"] = "slurm_update error: Unable to contact slurm controller"
+    result = actuator.apply(plan("shrink", gpus_after=1), show(fake))
+    assert result.state == "intent" and fake.jobs["7"].priority == 0
+    fake.fail.clear()  # slurmctld answers again
+    [settled] = actuator.reconcile()
+    assert settled.state == "done" and (fake.jobs["7"].gpus, fake.jobs["7"].priority) == (1, 100)
+
+
+def test_a_failed_requeuehold_that_did_nothing_is_closed_on_the_next_tick(store: ReclaimStore) -> None:
+    fake, actuator, _, _ = setup(store)
+    fake.fail["scontrol requeuehold"] = "Requested operation is presently disabled"
+    assert actuator.apply(plan("shrink", gpus_after=1), show(fake)).state == "intent"
+    [settled] = actuator.reconcile()
+    assert settled.state == "failed" and fake.jobs["7"].restarts == 0
+    assert actuator.reconcile() == []
+
+
+def test_a_skip_keeps_the_planned_commands_in_the_record(store: ReclaimStore) -> None:
+    fake, actuator, _, _ = setup(store)
+    decided_on = show(fake)
+    fake.jobs["7"].state = "COMPLETED"
+    actuator.apply(plan("requeue"), decided_on)
+    assert store.audit()[0].detail["commands"] == ["scontrol requeue Incomplete 7"]
