@@ -12,11 +12,11 @@ from slurm_aigc.policy.hookruntime import SUCCESS, HookResult, HookRuntime
 from slurm_aigc.policy.loader import load_policy
 from slurm_aigc.policy.paths import shipped_policy
 from slurm_aigc.policy.render import render_hook
-from slurm_aigc.tags import trusted_class
+from slurm_aigc.tags import comment_tags, trusted_class, trusted_opt_out
 
 TOUCHED = {"comment", "admin_comment", "features", "prefer", "tres_per_node", "tres_per_job", "partition", "qos", "time_limit"}
 LUA_MAGIC = "%[]().*+-?^$"
-KEYS = ["type", "model", "vram", "share", "nvlink", "TYPE", "", "x", "aigc", "vram "]
+KEYS = ["type", "model", "vram", "share", "nvlink", "reclaim", "TYPE", "", "x", "aigc", "vram "]
 VALUES = ["infer", "train", "imagegen", "interactive", "unknown", "20G", "0G", "1e9G", "-5G", "40", "yes", "no",
           "", "%d", "%s%s%s", "llama3-8b", "∞", "\x00", "((((", "a,b", "="]
 
@@ -63,6 +63,22 @@ def test_hostile_jobs_are_accepted_and_never_crash_the_hook(
     check_invariants(fields, result)
     if uid == 0:
         assert set(result.changes) <= {"admin_comment"}  # root's jobs are only stamped
+    else:
+        # Every user job carries the hook's stamp, and no user text reaches the stamp words.
+        assert trusted_class(result.after["admin_comment"]) == result.job_class
+        assert "aigc_class=" not in (result.after.get("comment") or "")
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(comment=tagged_comments(), admin_comment=st.sampled_from(["aigc_class=interactive", "aigc_class=interactive; x",
+                                                                 "x; aigc_class=train", "aigc_reclaim=no"]) | st.text(max_size=30))
+def test_a_submitted_admin_comment_never_supplies_the_stamp(comment: str, admin_comment: str) -> None:
+    """slurmctld refuses a user's AdminComment before the plugin; if one ever got through, the hook's stamp wins."""
+    fields = {"comment": comment, "admin_comment": admin_comment, "tres_per_node": "gres:gpu:1", "script": "#!/bin/sh\n"}
+    result = runtime().submit(fields, submit_uid=1001)
+    stamped = result.after["admin_comment"]
+    assert trusted_class(stamped) == result.job_class
+    assert trusted_opt_out(stamped) == (comment_tags(comment).get("reclaim") == "no")  # only the tag opts out
 
 
 @settings(max_examples=50, deadline=None)
