@@ -3,12 +3,21 @@ and its pid is attributed to its job id."""
 
 from __future__ import annotations
 
+import re
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
 
-from slurm_aigc.telemetry.attribution import Attributor, job_gpu_usage
-from slurm_aigc.telemetry.procfs import ProcFs
+from slurm_aigc.db import open_database
+from slurm_aigc.telemetry.agent import Agent, slurm_allocation_lookup
+from slurm_aigc.telemetry.attribution import Attributor, JobAllocations, job_gpu_usage
+from slurm_aigc.telemetry.config import AgentConfig
+from slurm_aigc.telemetry.procfs import JobRecordDir, ProcFs
 from slurm_aigc.telemetry.records import NodeReading
 from slurm_aigc.telemetry.simgpu import SimGpuBackend
+from slurm_aigc.telemetry.store import TelemetryStore
 from slurm_aigc.telemetry.topology import parse_topo_matrix
 from tests.conftest import SLURM_AIGC_BIN, ClusterHandle
 from tests.integration.helpers import allocated_gpu_indices, cancel_quietly, submit, wait_for, wait_job_state
@@ -106,3 +115,82 @@ def test_two_shard_jobs_on_one_gpu_are_split_by_job(cluster: ClusterHandle) -> N
             assert ratio == pytest.approx(50 / 30, rel=0.01)
     finally:
         cancel_quietly(cluster, *job_ids.values())
+
+
+# --------------------------------------------------------------------------- the RPC budget
+
+_SDIAG_RE = re.compile(r"^\s+([A-Z_]+)\s+\(\s*\d+\)\s+count:(\d+)")
+READS = ("REQUEST_JOB_INFO", "REQUEST_JOB_INFO_SINGLE", "REQUEST_NODE_INFO", "REQUEST_NODE_INFO_SINGLE",
+         "REQUEST_PARTITION_INFO")
+
+
+def sdiag_reads() -> dict[str, int]:
+    """slurmctld's count of the job/node/partition reads (`sdiag`, by message type)."""
+    text = subprocess.run(["sdiag"], capture_output=True, text=True, check=True, timeout=30).stdout
+    section = text.split("by message type", 1)[1].split("by user", 1)[0]
+    counts = {m.group(1): int(m.group(2)) for line in section.splitlines() if (m := _SDIAG_RE.match(line))}
+    return {kind: counts.get(kind, 0) for kind in READS}
+
+
+def node_agent(cluster: ClusterHandle, node: str, tmp_path: Path) -> tuple[Agent, JobAllocations, TelemetryStore]:
+    """The production agent's parts for `node` (as `build_agent` wires them), storing in SQLite."""
+    proc = ProcFs()
+    allocations = JobAllocations(node, JobRecordDir(node).read, slurm_allocation_lookup(cluster.slurm, node), proc)
+    store = TelemetryStore(open_database(f"sqlite:///{tmp_path / f'{node}.db'}"))
+    agent = Agent(node, SimGpuBackend(node, cluster.simgpu_dir), store, cluster.slurm,
+                  AgentConfig(publish_features=False), attribute=Attributor(cluster.slurm, proc).jobs_of,
+                  split_uses=job_gpu_usage, parse_islands=lambda text: [], allocations=allocations)
+    return agent, allocations, store
+
+
+def has_record(node: str, job_id: str) -> Callable[[], bool]:
+    return lambda: job_id in JobRecordDir(node).read()
+
+
+def test_agent_polls_ask_slurmctld_nothing_and_attribute_gpu_and_shard_jobs(cluster: ClusterHandle, tmp_path: Path) -> None:
+    a100, t4 = cluster.nodes_of_type("a100")[0], cluster.nodes_of_type("t4")[0]
+    load = f"{SLURM_AIGC_BIN} gpu-load --util {{util}} --mem {{mem}} --seconds 90\n"
+    jobs = {
+        "gpu": submit(cluster, load.format(util=60, mem="4G"), "--gres=gpu:a100:2", f"--nodelist={a100}", user=None),
+        "shard30": submit(cluster, load.format(util=30, mem="2G"), "--gres=shard:8", f"--nodelist={t4}", user=None),
+        "shard50": submit(cluster, load.format(util=50, mem="6G"), "--gres=shard:8", f"--nodelist={t4}", user=None),
+    }
+    try:
+        for job_id in jobs.values():
+            wait_job_state(cluster, job_id, "RUNNING", timeout_s=60)
+        expected = {name: allocated_gpu_indices(cluster, job_id) for name, job_id in jobs.items()}
+        for name, node in (("gpu", a100), ("shard30", t4), ("shard50", t4)):
+            wait_for(has_record(node, jobs[name]), 30, f"the Prolog's record of {name} on {node}")
+        agents = {node: node_agent(cluster, node, tmp_path) for node in (a100, t4)}
+
+        def attributed() -> dict[str, list[tuple[int, float | None, float]]] | None:
+            rows: dict[str, list[tuple[int, float | None, float]]] = {}
+            for agent, allocations, _store in agents.values():
+                reading = agent._backend.read()
+                pid_jobs = agent._attribute(sorted({p.pid for g in reading.gpus for p in g.processes}))
+                for row in job_gpu_usage(reading, pid_jobs, allocations(pid_jobs)):
+                    rows.setdefault(row.job_id, []).append((row.gpu_index, row.sm_util_pct, row.memory_used_mib))
+            mine = {name: rows.get(job_id, []) for name, job_id in jobs.items()}
+            return mine if all(any(util for _, util, _ in r) for r in mine.values()) else None
+
+        wait_for(attributed, 30, "gpu-load of all three jobs on their GPUs")
+        before = sdiag_reads()
+        for _ in range(3):
+            for agent, _allocations, _store in agents.values():
+                assert agent.tick().rows_written > 0
+        after = sdiag_reads()
+        assert after == before, f"agent polls made slurmctld reads: {before} -> {after}"
+        assert all(allocations.lookups == 0 for _agent, allocations, _store in agents.values())
+
+        rows = attributed()
+        assert rows is not None
+        assert sorted(gpu for gpu, _, _ in rows["gpu"]) == sorted(expected["gpu"])
+        assert all(util == pytest.approx(60.0) for _, util, _ in rows["gpu"])
+        for name, util, mem in (("shard30", 30.0, 2048.0), ("shard50", 50.0, 6144.0)):
+            ((gpu, got_util, got_mem),) = rows[name]  # one row per shard job: split by job
+            assert gpu == expected[name][0]
+            assert got_mem == pytest.approx(mem)
+            if expected["shard30"] == expected["shard50"]:  # one GPU split between the two jobs by their own use
+                assert got_util == pytest.approx(util, abs=0.01)
+    finally:
+        cancel_quietly(cluster, *jobs.values())
