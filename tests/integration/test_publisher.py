@@ -68,7 +68,7 @@ def run_agent(cluster: Any, node: str, db_url: str) -> str:
 
 
 def test_features_and_weights_publish_steer_and_survive_reconfigure(
-    cluster: Any, restored: dict[str, tuple[tuple[str, ...], int]], jobs: list[str], tmp_path: Path,
+    cluster: Any, restored: dict[str, tuple[tuple[str, ...], int]], jobs: list[str], tmp_path: Path, cluster_db: str,
 ) -> None:
     from slurm_aigc.telemetry.publisher import Publisher
 
@@ -77,7 +77,7 @@ def test_features_and_weights_publish_steer_and_survive_reconfigure(
     serving = a100[1]
     conf_features = slurm_conf_features(cluster, serving)
     assert conf_features, "slurm.conf gives the a100 nodes Features=a100"
-    db_url = f"sqlite:///{tmp_path / 'state.db'}"
+    db_url = cluster_db  # the multi-host path: the cluster's MariaDB
 
     # An admin's own feature, set before we publish anything.
     cluster.slurm.update_node(serving, features=[*conf_features, ADMIN_FEATURE])
@@ -134,7 +134,7 @@ def test_features_and_weights_publish_steer_and_survive_reconfigure(
 
 
 def test_agent_daemon_attributes_jobs_and_stops_cleanly(
-    cluster: Any, restored: dict[str, tuple[tuple[str, ...], int]], jobs: list[str], tmp_path: Path,
+    cluster: Any, restored: dict[str, tuple[tuple[str, ...], int]], jobs: list[str], tmp_path: Path, cluster_db: str,
 ) -> None:
     import signal
 
@@ -152,7 +152,7 @@ def test_agent_daemon_attributes_jobs_and_stops_cleanly(
     for job in (busy, idle):
         wait_job_state(cluster, job, "RUNNING", timeout_s=120)
 
-    db_url = f"sqlite:///{tmp_path / 'agent.db'}"
+    db_url = cluster_db  # the multi-host path: the cluster's MariaDB
     argv = [SLURM_AIGC, "-v", "agent", "--backend", "sim", "--node", node, "--simgpu-dir", str(cluster.simgpu_dir),
             "--db", db_url, "--interval", "1", "--config", "/dev/null"]
     daemon = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
