@@ -209,7 +209,8 @@ log "setting up the venv in the $other chroot (host network, for pip)"
 in_namespaces "$merged" host-net "cd /srv/slurm-aigc && bash scripts/setup-venv.sh" \
     || die "scripts/setup-venv.sh failed in the $other chroot"
 log "running the suite in the $other chroot (own network namespace, $NS_HOST = $NS_ADDR)"
-quoted=$(printf ' %q' "$@")
+quoted=""
+[ $# -gt 0 ] && quoted=$(printf ' %q' "$@")  # printf with no arguments would still print 
 set +e
 in_namespaces "$merged" own-net \
     "cd /srv/slurm-aigc && export SLURM_AIGC_SKIP_OTHER_RELEASE=1 SLURM_AIGC_RESULTS=/var/tmp/aigc-results;
@@ -217,6 +218,11 @@ in_namespaces "$merged" own-net \
 rc=$?
 set -e
 mkdir -p "$RESULTS"
+if [ "$rc" != 0 ] && [ -d "$merged/var/lib/slurm-aigc/cluster/log" ]; then
+    # The chroot goes away with this script: keep the daemons' logs for whoever reads the failure.
+    rm -rf "$RESULTS/other-release-logs" && cp -r "$merged/var/lib/slurm-aigc/cluster/log" "$RESULTS/other-release-logs"
+    log "the $other cluster's logs are in $RESULTS/other-release-logs"
+fi
 cp "$merged/var/tmp/aigc-results/summary.txt" "$RESULTS/other-release.txt" 2>/dev/null \
     || echo "Debian $other (chroot): no result (the suite did not finish)" >"$RESULTS/other-release.txt"
 log "the $other part took $(( $(date +%s) - started )) s, exit $rc"
