@@ -228,6 +228,7 @@ def test_the_trusted_class_is_one_its_owner_cannot_write(cluster: Any, hook_inst
     # sbatch has no option for it, and `scontrol update AdminComment=` by the owner is refused.
     denied = as_alice(f"scontrol update JobId={jobs[0]} AdminComment=aigc_class=interactive")
     assert denied.returncode != 0 and "denied" in (denied.stderr + denied.stdout).lower()
+    assert as_alice("sbatch --admin-comment=aigc_class=interactive --hold --wrap true").returncode != 0
     # The owner may rewrite the comment at will: the trusted class does not move.
     assert as_alice(f"scontrol update JobId={jobs[0]} Comment='aigc_class=interactive aigc:type=interactive'").returncode == 0
     info = job(cluster, jobs[0])
