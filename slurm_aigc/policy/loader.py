@@ -116,7 +116,8 @@ def parse_policy(root: Node, *, hook_sections: bool = True, simgpu_dir: str | No
         rewrites=rewrites,
         hook=_hook(section(root, "hook"), known),
         storage=storage_section(section(root, "storage")),
-        reclaim=replace(reclaim, shards_per_gpu={t.name: t.shards_per_gpu for t in inventory.gpu_types}),
+        reclaim=replace(reclaim, shards_per_gpu={t.name: t.shards_per_gpu for t in inventory.gpu_types},
+                        gib_per_shard={t.name: t.gib_per_shard for t in inventory.gpu_types if t.shards_per_gpu}),
         scoring=scoring_section(section(root, "scoring"), rewrites.model_prefer.published_features_file),
         agent=agent_section(section(root, "agent"), simgpu_dir),
     )

@@ -121,7 +121,7 @@ class HookSettings:
 
 # --------------------------------------------------------------------------- reclaim
 
-VERDICTS = ("idle", "memory_held", "fake_busy", "over_allocated")
+VERDICTS = ("idle", "memory_held", "fake_busy", "over_allocated", "over_memory")
 ACTIONS = ("notify", "signal", "requeue", "shrink", "cancel")
 UNCLASSIFIED = "unclassified"
 
@@ -132,6 +132,8 @@ def _default_ladder() -> Mapping[str, tuple[str, ...]]:
         "memory_held": ("notify", "requeue"),
         "fake_busy": ("notify", "signal", "requeue"),
         "over_allocated": ("notify", "shrink"),
+        # A shard job over its shards' GiB starves its neighbours: requeue it, never them.
+        "over_memory": ("notify", "requeue"),
     }
 
 
@@ -186,8 +188,13 @@ class ReclaimConfig:
     exempt: Exemptions = Exemptions()
     defaults: ClassPolicy = ClassPolicy()
     classes: Mapping[str, ClassPolicy] = field(default_factory=dict)
-    # From the policy's `inventory` (not a reclaim key): turns shards into GPU-hours recovered.
+    # Memory guard: a shard job above its shards' GiB for this many consecutive samples is
+    # `over_memory` (one sample can be a transient peak; shards isolate nothing).
+    over_memory_samples: int = 3
+    # From the policy's `inventory` (not reclaim keys): shards into GPU-hours recovered, and
+    # GiB per shard per GPU type (the memory a shard job may use: the memory guard's limit).
     shards_per_gpu: Mapping[str, int] = field(default_factory=dict)
+    gib_per_shard: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def gap_s(self) -> float:

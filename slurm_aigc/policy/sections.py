@@ -47,6 +47,7 @@ _ALLOWED_ACTIONS = {
     "memory_held": {"notify", "signal", "requeue", "cancel"},
     "fake_busy": {"notify", "signal", "requeue", "cancel"},
     "over_allocated": {"notify", "signal", "shrink"},
+    "over_memory": {"notify", "signal", "requeue", "cancel"},
 }
 # Signals the `signal` rung may send while cancelling is off. USR1/USR2 terminate by default
 # too, but they exist to be handled by the program, and the rung signals only jobs that said
@@ -54,7 +55,7 @@ _ALLOWED_ACTIONS = {
 # ends (or stops) the job: a disguised `cancel` (issue 12.6).
 _NON_TERMINATING_SIGNALS = frozenset({"USR1", "USR2", "CONT", "URG", "WINCH"})
 _CLASS_KEYS = {f.name for f in fields(ClassPolicy)}
-_RECLAIM_KEYS = {f.name for f in fields(ReclaimConfig)} - {"shards_per_gpu"}
+_RECLAIM_KEYS = {f.name for f in fields(ReclaimConfig)} - {"shards_per_gpu", "gib_per_shard"}
 
 
 def reclaim_section(node: Node) -> ReclaimConfig:
@@ -78,6 +79,7 @@ def reclaim_section(node: Node) -> ReclaimConfig:
         exempt=_exempt(section(node, "exempt")),
         defaults=defaults,
         classes=_reclaim_classes(section(node, "classes"), defaults),
+        over_memory_samples=integer(node, "over_memory_samples", base.over_memory_samples, minimum=1),
     )
     _check_cancel(node, config)
     _check_signal(node, config)

@@ -305,7 +305,7 @@ def test_the_shipped_file_states_every_key_of_the_daemon_sections() -> None:
     document = shipped()
     for name, kind in (("agent", AgentConfig), ("scoring", ScoringConfig), ("storage", StorageConfig)):
         assert set(document[name]) == {f.name for f in fields(kind)}, name
-    assert set(document["reclaim"]) == {f.name for f in fields(ReclaimConfig)} - {"shards_per_gpu"}
+    assert set(document["reclaim"]) == {f.name for f in fields(ReclaimConfig)} - {"shards_per_gpu", "gib_per_shard"}
     assert set(document["reclaim"]["defaults"]) == {f.name for f in fields(ClassPolicy)}
 
 

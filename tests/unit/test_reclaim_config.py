@@ -124,3 +124,25 @@ def test_inventory_shards_come_from_the_same_read(tmp_path: Path) -> None:
     path = tmp_path / "policy.yaml"
     path.write_text("inventory: {gpu_types: {l4: {memory_gib: 24, shards_per_gpu: 24}}}\nreclaim: {}\n")
     assert load_reclaim_config(path).shards_per_gpu == {"l4": 24}
+
+
+def test_memory_guard_samples_default_and_validation() -> None:
+    assert parse(None).over_memory_samples == 3
+    assert parse({"over_memory_samples": 5}).over_memory_samples == 5
+    with pytest.raises(ConfigError, match=r"reclaim.over_memory_samples"):
+        parse({"over_memory_samples": 0})
+    with pytest.raises(ConfigError, match=r"reclaim.over_memory_samples: expected an integer"):
+        parse({"over_memory_samples": "many"})
+
+
+def test_over_memory_ladder_requeues_by_default_and_cannot_shrink() -> None:
+    assert parse(None).defaults.ladder["over_memory"] == ("notify", "requeue")
+    with pytest.raises(ConfigError, match=r"reclaim.defaults.ladder.over_memory\[0\]: action 'shrink' not allowed"):
+        parse({"defaults": {"ladder": {"over_memory": ["shrink"]}}})
+
+
+def test_inventory_gives_gib_per_shard_of_sharded_types_only(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text("inventory: {gpu_types: {l4: {memory_gib: 24, shards_per_gpu: 48}, v100: {memory_gib: 32}}}\n"
+                    "reclaim: {}\n")
+    assert load_reclaim_config(path).gib_per_shard == {"l4": 0.5}
