@@ -142,6 +142,10 @@ in_namespaces() {
         mount --bind "$ROOT/proc/sys" "$ROOT/proc/sys"
         mount -o remount,bind,ro "$ROOT/proc/sys"
         mount -t sysfs -o ro sysfs "$ROOT/sys"
+        # Slurm 22.05 slurmd will not start without a cgroup filesystem, even with task/none.
+        if mountpoint -q /sys/fs/cgroup; then
+            mount --rbind /sys/fs/cgroup "$ROOT/sys/fs/cgroup" && mount -o remount,bind,ro "$ROOT/sys/fs/cgroup"
+        fi
         mount --rbind /dev "$ROOT/dev"
         mount -t tmpfs -o mode=1777 tmpfs "$ROOT/dev/shm"
         mount -t devpts -o newinstance,ptmxmode=0666 devpts "$ROOT/dev/pts"
