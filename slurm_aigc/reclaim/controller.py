@@ -34,6 +34,7 @@ from slurm_aigc.reclaim.jobs import (
     gpu_count,
     is_gpu_job,
     job_facts,
+    shard_memory_limit_mib,
     start_ts,
     uses_shards,
 )
@@ -44,6 +45,7 @@ from slurm_aigc.reclaim.ladder import (
     limit_per_tick,
     plan_job,
 )
+from slurm_aigc.reclaim.memguard import judge_memory
 from slurm_aigc.reclaim.store import ReclaimStore, SampleRow
 from slurm_aigc.reclaim.tracker import StretchTracker
 from slurm_aigc.slurm import JobInfo, SlurmCli
@@ -157,13 +159,15 @@ class Controller:
     def assess(self) -> Assessment:
         """Judge every running GPU job over its full window, with evidence (`idle list`)."""
         now, jobs, newest = self._snapshot()
-        facts = {j.job_id: job_facts(j, now, shards) for shards in [self._shards_by_node(jobs)] for j in jobs}
+        shards, gib = self._shard_maps(jobs)
+        facts = {j.job_id: job_facts(j, now, shards) for j in jobs}
         rows = self._store.samples(facts, now - self.config.lookback_s()) if jobs else []
         shared = {r.job_id for r in rows if r.shared}
         metas = {j.job_id: job_meta(j, facts[j.job_id], now, j.job_id in shared) for j in jobs}
         batch = batch_from_jobs(windows_from_rows(metas, rows))
         verdicts = detect(batch, self.config.classes, self.config.defaults, now, self.config.gap_s)
-        return self._plan(now, newest, jobs, facts, with_missing(verdicts, metas, self.config, now))
+        found = self._guard_memory(now, jobs, metas, gib, with_missing(verdicts, metas, self.config, now))
+        return self._plan(now, newest, jobs, facts, found)
 
     def tick(self) -> TickReport:
         """One cycle: reclaim, then the publisher; the first error is raised after both ran."""
@@ -184,12 +188,34 @@ class Controller:
             errors.append(error)
             return None
 
-    def _shards_by_node(self, jobs: Sequence[JobInfo]) -> dict[str, int]:
-        """Shards per GPU of each node's GPU type (policy inventory), read only when a job holds shards."""
+    def _shard_maps(self, jobs: Sequence[JobInfo]) -> tuple[dict[str, int], dict[str, float]]:
+        """Per node, shards per GPU and GiB per shard of its GPU type (policy inventory).
+
+        `scontrol show node` is read only when a running job holds shards.
+        """
         if not self.config.shards_per_gpu or not any(uses_shards(j) for j in jobs):
-            return {}
-        return {node.name: per_gpu for node in self._slurm.nodes()
-                if (per_gpu := self.config.shards_per_gpu.get(_gpu_type_of(node.gres), 0))}
+            return {}, {}
+        types = {node.name: _gpu_type_of(node.gres) for node in self._slurm.nodes()}
+        shards = {name: n for name, kind in types.items() if (n := self.config.shards_per_gpu.get(kind, 0))}
+        gib = {name: g for name, kind in types.items() if (g := self.config.gib_per_shard.get(kind, 0.0))}
+        return shards, gib
+
+    def _guard_memory(self, now: float, jobs: Sequence[JobInfo], metas: Mapping[str, JobMeta],
+                      gib_by_node: Mapping[str, float], verdicts: dict[str, Verdict]) -> dict[str, Verdict]:
+        """Shard jobs above their shards' GiB become `over_memory` (it wins: it harms neighbours now).
+
+        Reads only the shard jobs' newest samples (a few polls), each tick.
+        """
+        limits = {j.job_id: limit for j in jobs if (limit := shard_memory_limit_mib(j, gib_by_node)) > 0}
+        if not limits:
+            return verdicts
+        needed = self.config.over_memory_samples
+        rows = self._store.samples(limits, now - (needed + 2) * self.config.gap_s)
+        for window in windows_from_rows({k: metas[k] for k in limits}, rows):
+            found = judge_memory(window, limits[window.meta.job_id], needed, now, self.config.gap_s)
+            if found is not None:
+                verdicts[found.job_id] = found
+        return verdicts
 
     def _snapshot(self) -> tuple[float, list[JobInfo], float | None]:
         now = self._clock()
@@ -211,7 +237,8 @@ class Controller:
     def _incremental(self) -> Assessment:
         """Judge every running GPU job, reading only samples newer than the last tick's."""
         now, jobs, newest = self._snapshot()
-        facts = {j.job_id: job_facts(j, now, shards) for shards in [self._shards_by_node(jobs)] for j in jobs}
+        shards, gib = self._shard_maps(jobs)
+        facts = {j.job_id: job_facts(j, now, shards) for j in jobs}
         metas = {j.job_id: job_meta(j, facts[j.job_id], now, j.job_id in self._shared_jobs) for j in jobs}
         self._tracker.prune(metas, now - self.config.lookback_s())
         known = self._tracker.jobs()
@@ -229,7 +256,8 @@ class Controller:
         self._tracker.update(batch_from_jobs(windows_from_rows(metas, rows)), self.config)
         tracked = {job_id: meta for job_id, meta in metas.items() if job_id in self._tracker.jobs()}
         verdicts = self._tracker.verdicts(tracked, self.config, now)
-        return self._plan(now, newest, jobs, facts, with_missing(verdicts, metas, self.config, now))
+        found = self._guard_memory(now, jobs, metas, gib, with_missing(verdicts, metas, self.config, now))
+        return self._plan(now, newest, jobs, facts, found)
 
     def _reclaim_tick(self) -> TickReport:
         # Live: every tick, so a shrink's hold ends released as soon as its job is PENDING.

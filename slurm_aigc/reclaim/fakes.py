@@ -38,11 +38,23 @@ class FakeJob:
     node: str = "a100-01"
     start: str = "2026-01-01T00:00:00"
     priority: int = 100
+    shards: int = 0  # > 0: a shard job (`--gres=shard:N`) holding no whole GPU
+
+    def _tres(self) -> tuple[str, str]:
+        """(TresPerNode, AllocTRES) as 22.05 prints them."""
+        if self.shards:
+            return f"gres:shard:{self.shards}", f"cpu=1,mem=1G,node=1,billing=1,gres/shard={self.shards}"
+        return (f"gres:gpu:{self.gpu_type}:{self.gpus}",
+                f"cpu=1,mem=1G,node=1,billing=1,gres/gpu={self.gpus},gres/gpu:{self.gpu_type}={self.gpus}")
+
+    def _gres_detail(self) -> str:
+        if self.shards:
+            return f"shard:{self.gpu_type}:{self.shards}({self.shards}/{self.shards},0/0,0/0,0/0,0/0,0/0,0/0,0/0)"
+        return f"gpu:{self.gpu_type}:{self.gpus}(IDX:0-{self.gpus - 1})"
 
     def line(self) -> str:
         """`scontrol show job -o` text, for pure tests that build a JobInfo with `job_from_fields`."""
-        tres = f"gres:gpu:{self.gpu_type}:{self.gpus}"
-        alloc = f"cpu=1,mem=1G,node=1,billing=1,gres/gpu={self.gpus},gres/gpu:{self.gpu_type}={self.gpus}"
+        tres, alloc = self._tres()
         parts = [
             f"JobId={self.job_id}", "JobName=test", f"UserId={self.user}(1001)", "GroupId=aigc(1001)",
             f"Priority={self.priority}", f"Account={self.account}", f"QOS={self.qos}", f"JobState={self.state}",
@@ -58,7 +70,7 @@ class FakeJob:
     def record(self) -> dict[str, Any]:
         """This job as one entry of Slurm 22.05's `squeue --json`."""
         running = self.state == "RUNNING"
-        alloc = f"cpu=1,mem=1G,node=1,billing=1,gres/gpu={self.gpus},gres/gpu:{self.gpu_type}={self.gpus}"
+        tres, alloc = self._tres()
         start = int(datetime.fromisoformat(self.start).timestamp())
         return {
             "job_id": int(self.job_id), "name": "test", "user_name": self.user, "user_id": 1001,
@@ -68,8 +80,8 @@ class FakeJob:
             "submit_time": start, "start_time": start, "end_time": start + 7200, "partition": "gpu",
             "nodes": self.node if running else "", "node_count": 1, "cpus": 1,
             "tres_alloc_str": alloc if running else "", "comment": self.comment,
-            "admin_comment": self.admin_comment, "tres_per_node": f"gres:gpu:{self.gpu_type}:{self.gpus}",
-            "gres_detail": [f"gpu:{self.gpu_type}:{self.gpus}(IDX:0-{self.gpus - 1})"] if running else [],
+            "admin_comment": self.admin_comment, "tres_per_node": tres,
+            "gres_detail": [self._gres_detail()] if running else [],
             "job_resources": {"allocated_nodes": [{"nodename": self.node}]} if running else {},
         }
 
@@ -81,6 +93,14 @@ class FakeSlurm:
     down: bool = False
     fail: dict[str, str] = field(default_factory=dict)  # first word(s) of a command -> stderr to fail with
     pending_after_polls: int = 0  # requeuehold: how many `show job` polls the job stays COMPLETING
+    node_gres: dict[str, str] = field(default_factory=dict)  # `sinfo --json` nodes: name -> Gres
+
+    def nodes_record(self) -> dict[str, Any]:
+        """Slurm 22.05's `sinfo --json`, as much of it as the controller reads."""
+        nodes = [{"name": name, "state": "mixed", "gres": gres, "gres_used": "", "features": "",
+                  "active_features": "", "weight": 1, "cpus": 8, "partitions": ["gpu"]}
+                 for name, gres in self.node_gres.items()]
+        return {"nodes": nodes, "errors": []}
 
     def __call__(self, argv: Sequence[str], timeout_s: float, stdin: str | None = None) -> CommandResult:
         args = list(argv)
@@ -101,6 +121,8 @@ class FakeSlurm:
             return CommandResult(tuple(args), 0, "slurm-wlm 22.05.8\n", "")
         if args == ["squeue", "--json"]:
             return self._show()
+        if args == ["sinfo", "--json"]:
+            return CommandResult(tuple(args), 0, json.dumps(self.nodes_record()) + "\n", "")
         if tool == "squeue" and "-j" in rest:  # squeue -h -t all -j ID -o %A|%T
             self._poll_completing()
             found = self.jobs.get(rest[rest.index("-j") + 1])

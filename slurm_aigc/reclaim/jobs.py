@@ -138,6 +138,25 @@ def shard_gpus(job: JobInfo, shards_per_gpu_by_node: Mapping[str, int]) -> float
     return int(match.group(1)) / per_gpu if per_gpu else 0.0
 
 
+def shard_count(job: JobInfo) -> int:
+    """Shards allocated to the job over all its nodes (`AllocTRES=...,gres/shard=20`); 0 when none."""
+    match = _ALLOC_SHARD_RE.search(job.alloc_tres)
+    return int(match.group(1)) if match else 0
+
+
+def shard_memory_limit_mib(job: JobInfo, gib_per_shard_by_node: Mapping[str, float]) -> float:
+    """The GPU memory a shard job may use per node: its shards there x GiB per shard (0: no limit known).
+
+    Shards are GiB of one GPU (docs/policy.md: `shards_per_gpu` = GiB per GPU in the shipped
+    inventory); a multi-node request (`--gres=shard:N` per node) holds N on each node.
+    """
+    shards = shard_count(job)
+    if not shards or not job.node_list:
+        return 0.0
+    per_shard = gib_per_shard_by_node.get(str(next(iter(NodeSet(job.node_list)))), 0.0)
+    return shards / max(job.num_nodes, 1) * per_shard * 1024.0
+
+
 def job_facts(job: JobInfo, now_ts: float, shards_per_gpu_by_node: Mapping[str, int] | None = None) -> JobFacts:
     """Planning's view of a running job."""
     gpus = gpu_count(job)

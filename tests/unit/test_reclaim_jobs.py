@@ -10,6 +10,7 @@ from slurm_aigc.reclaim.jobs import (
     job_facts,
     requested_gpus,
     shard_gpus,
+    shard_memory_limit_mib,
     shrink_updates,
     uses_shards,
 )
@@ -82,3 +83,13 @@ def test_declared_signal_comes_from_the_admin_comment_stamp_only() -> None:
     assert declared_signal(job(AdminComment="aigc_signal=X.USR1")) == ""
     assert declared_signal(job(AdminComment="aigc_signal=999")) == ""
     assert job_facts(job(AdminComment="aigc_class=train aigc_signal=B.USR1"), 0.0).declared_signal == "B:USR1"
+
+
+def test_shard_memory_limit_is_shards_times_gib_per_shard_of_the_node_type() -> None:
+    shard = job(AllocTRES="cpu=1,gres/shard=20", TresPerNode="gres:shard:20", NodeList="a100-01")
+    assert shard_memory_limit_mib(shard, {"a100-01": 1.0}) == 20 * 1024.0
+    assert shard_memory_limit_mib(shard, {"a100-01": 0.5}) == 10 * 1024.0
+    assert shard_memory_limit_mib(shard, {}) == 0.0  # unknown node type: no limit, no verdict
+    two_nodes = job(AllocTRES="cpu=2,gres/shard=16", NodeList="a100-[01-02]", NumNodes="2")
+    assert shard_memory_limit_mib(two_nodes, {"a100-01": 1.0, "a100-02": 1.0}) == 8 * 1024.0
+    assert shard_memory_limit_mib(job(AllocTRES="cpu=1,gres/gpu=1", NodeList="a100-01"), {"a100-01": 1.0}) == 0.0
