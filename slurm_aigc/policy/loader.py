@@ -228,15 +228,34 @@ def _class_list(node: Node, key: str, known: set[str], default: tuple[str, ...])
     return values
 
 
+# Keys a site's older policy file may still have, and why they went: named in the error
+# instead of a bare "unknown key", so an admin knows to delete them rather than fix them.
+_REMOVED_KEYS = {
+    "rewrites": {"comment_class": "this key was removed: the hook no longer appends the class to the comment, it stamps "
+                                  "it into the AdminComment (docs/tags.md); delete the key"},
+    "hook": {"comment_class_key": "this key was removed: the class is no longer written into the comment (it is stamped "
+                                  "as aigc_class= into the AdminComment, docs/tags.md); delete the key"},
+}
+
+
+def _refuse_removed(node: Node, section_name: str) -> None:
+    """An old policy's removed key is an error naming it and saying it was removed."""
+    if not isinstance(node.value, Mapping):
+        return
+    for key, why in _REMOVED_KEYS[section_name].items():
+        if key in node.value:
+            raise node.child(key).error(why)
+
+
 def _rewrites(node: Node, known: set[str]) -> Rewrites:
-    mapping(node, {"shard", "vram_fit", "nvlink", "model_prefer", "class_defaults", "comment_class"})
+    _refuse_removed(node, "rewrites")
+    mapping(node, {"shard", "vram_fit", "nvlink", "model_prefer", "class_defaults"})
     return Rewrites(
         shard=_shard(section(node, "shard"), known),
         vram_fit=_vram_fit(section(node, "vram_fit")),
         nvlink=_nvlink(section(node, "nvlink"), known),
         model_prefer=_model_prefer(section(node, "model_prefer")),
         class_defaults=_toggle(section(node, "class_defaults")),
-        comment_class=_toggle(section(node, "comment_class")),
     )
 
 
@@ -279,15 +298,12 @@ def _toggle(node: Node) -> Toggle:
 
 
 def _hook(node: Node, known: set[str]) -> HookSettings:
-    mapping(node, {"strict_tags", "debug_log", "skip_root", "untouched_classes", "comment_class_key"})
+    _refuse_removed(node, "hook")
+    mapping(node, {"strict_tags", "debug_log", "skip_root", "untouched_classes"})
     base = HookSettings()
-    key = get(node, "comment_class_key", str, base.comment_class_key)
-    if not re.match(r"^[a-z][a-z0-9_]*$", key):
-        raise node.child("comment_class_key").error(f"lower-case letters, digits and _ only, got {key!r}")
     return HookSettings(
         strict_tags=flag(node, "strict_tags", base.strict_tags),
         debug_log=flag(node, "debug_log", base.debug_log),
         skip_root=flag(node, "skip_root", base.skip_root),
         untouched_classes=_class_list(node, "untouched_classes", known, base.untouched_classes),
-        comment_class_key=key,
     )

@@ -107,7 +107,6 @@ class Rewrites:
     nvlink: NvlinkRule = NvlinkRule()
     model_prefer: ModelPreferRule = ModelPreferRule()
     class_defaults: Toggle = Toggle()
-    comment_class: Toggle = Toggle()
 
 
 @dataclass(frozen=True)
@@ -116,7 +115,6 @@ class HookSettings:
     debug_log: bool = False
     skip_root: bool = True
     untouched_classes: tuple[str, ...] = ("interactive", UNKNOWN_CLASS)
-    comment_class_key: str = "aigc_class"
 
 
 # --------------------------------------------------------------------------- reclaim

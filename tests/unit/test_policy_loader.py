@@ -334,3 +334,16 @@ def test_the_agent_binds_metrics_where_the_policy_says(tmp_path: Path, monkeypat
     with pytest.raises(Bound) as bound:
         agent.run_agent(agent.AgentOptions(config_path=str(path)), True, lambda result: None)
     assert bound.value.args == ("agent", 9400, "::1")
+
+
+@pytest.mark.parametrize(("section_name", "key", "value"), [
+    ("rewrites", "comment_class", {"enabled": True}),
+    ("hook", "comment_class_key", "aigc_class"),
+])
+def test_a_removed_key_is_refused_naming_it_and_saying_it_was_removed(section_name: str, key: str, value: Any) -> None:
+    document = shipped()
+    document[section_name][key] = value  # as an old policy file still has it
+    with pytest.raises(ConfigError) as caught:
+        parse(document)
+    assert caught.value.key_path == f"{section_name}.{key}"
+    assert "was removed" in str(caught.value) and "AdminComment" in str(caught.value)
