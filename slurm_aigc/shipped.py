@@ -21,7 +21,9 @@ HOOK_ENTRY = "job_submit_lua/job_submit.lua"
 AGENT_UNIT = "daemon/slurm-aigc-agent.service"
 CONTROLLER_UNIT = "daemon/slurm-aigc-controller.service"
 JOB_RECORD = "daemon/slurm-aigc-jobrecord"  # Prolog= and Epilog= (docs/telemetry.md)
-SHIPPED = (POLICY, HOOK, HOOK_ENTRY, AGENT_UNIT, CONTROLLER_UNIT, JOB_RECORD)
+TASK_PROLOG = "daemon/slurm-aigc-taskprolog"  # TaskProlog=: a shard job's GPU memory share (docs/reclaim.md)
+TORCH_LIMIT = "daemon/slurm-aigc-torchlimit"  # PyTorch wrapper applying that share (docs/reclaim.md)
+SHIPPED = (POLICY, HOOK, HOOK_ENTRY, AGENT_UNIT, CONTROLLER_UNIT, JOB_RECORD, TASK_PROLOG, TORCH_LIMIT)
 
 
 def shipped_file(relative: str, package_dir: Path = PACKAGE_DIR) -> Path:
