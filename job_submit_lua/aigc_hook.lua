@@ -13,8 +13,8 @@
 local P = ...
 local slurm = slurm
 
-local find, sub, match, gmatch, gsub, lower, format = string.find, string.sub, string.match, string.gmatch,
-    string.gsub, string.lower, string.format
+local find, sub, match, gmatch, gsub, lower, upper, format = string.find, string.sub, string.match, string.gmatch,
+    string.gsub, string.lower, string.upper, string.format
 local ceil, tostring, tonumber, type, ipairs = math.ceil, tostring, tonumber, type, ipairs
 
 local NO_VAL = 4294967294
@@ -29,7 +29,7 @@ local MAX_NAME_READ = 1024     -- Slurm's own limits (_test_job_desc_fields, 22.
 local MAX_COMMENT_READ = 1024
 -- The trusted stamp opening the AdminComment (slurm_aigc/tags.py): only slurmctld and admins
 -- can write that field, so the daemons believe it and never the user's comment.
-local STAMP_CLASS, STAMP_RECLAIM = "aigc_class=", "aigc_reclaim="
+local STAMP_CLASS, STAMP_RECLAIM, STAMP_SIGNAL = "aigc_class=", "aigc_reclaim=", "aigc_signal="
 
 local M = {}
 
@@ -69,6 +69,11 @@ for _, rule in ipairs(P.detection) do
     if rule.min_gpus or rule.max_gpus then DETECTION_NEEDS_GPUS = true end
 end
 
+-- Signals a job may declare it handles (`aigc:signal=B.USR1`): those the reclaim `signal` rung
+-- may send while cancelling is off (slurm_aigc/tags.py SIGNAL_NAMES, rendered).
+local SIGNAL_SET = set_of(P.signal_names)
+local SIGNAL_LIST_TEXT = table.concat(P.signal_names, ", ")
+
 local BOOLEANS = { yes = true, ["true"] = true, ["1"] = true, on = true, no = false, ["false"] = false, ["0"] = false, off = false }
 local UNIT_GIB = { k = 1 / 1048576, m = 1 / 1024, g = 1, t = 1024 }
 
@@ -83,6 +88,18 @@ local function parse_vram_gib(text)
     local gib = tonumber(number) * UNIT_GIB[lower(unit)]
     if gib <= 0 then return nil end
     return gib
+end
+
+-- `aigc:signal=`: `[B: or B.][SIG]NAME`, ASCII case-insensitive -> `USR1` (job steps) or
+-- `B.USR1` (batch shell, as `--signal=B:USR1`; a stamp value writes `.` for `:`). Numbers are
+-- refused: they differ between systems. Same reading as slurm_aigc/tags.py `signal_tag`.
+local function parse_signal(value)
+    local text = upper(value)
+    local batch = sub(text, 1, 2)
+    if batch == "B:" or batch == "B." then text = sub(text, 3) else batch = nil end
+    if sub(text, 1, 3) == "SIG" then text = sub(text, 4) end
+    if not SIGNAL_SET[text] then return nil end
+    return (batch and "B." or "") .. text
 end
 
 -- One problem per bad pair: {text = "vram=lots", why = "...", fix = "..."}.
@@ -105,8 +122,13 @@ local function check_pair(key, value)
         local flag = BOOLEANS[lower(value)]
         if flag ~= nil then return flag end
         return nil, "not yes/no", "use " .. key .. "=yes or " .. key .. "=no"
+    elseif key == "signal" then
+        local signal = parse_signal(value)
+        if signal then return signal end
+        return nil, "not a signal a job can declare it handles",
+            "use one of " .. SIGNAL_LIST_TEXT .. ", e.g. signal=USR1 (job steps) or signal=B.USR1 (batch shell)"
     end
-    return nil, "unknown key", "known keys: type, model, vram, share, nvlink, reclaim"
+    return nil, "unknown key", "known keys: type, model, vram, share, nvlink, reclaim, signal"
 end
 
 -- The grammar (docs/tags.md; slurm_aigc/tags.py mirrors it, a property test holds them equal):
@@ -640,11 +662,15 @@ local function rule_class_defaults(view)
     end
 end
 
--- `aigc_class=<class>[ aigc_reclaim=no]` for the AdminComment. (`--signal` is not among the
--- job_desc fields job_submit/lua exposes, 22.05 to 26.05: an admin may stamp aigc_signal=.)
+-- `aigc_class=<class>[ aigc_reclaim=no][ aigc_signal=<signal>]` for the AdminComment. The
+-- signal is the user's `aigc:signal=` declaration: job_submit/lua exposes no `--signal`
+-- field (22.05 to 26.05), and the declaration can only let the reclaim `signal` rung reach
+-- the user's own job.
 local function stamp_text(view)
     local text = STAMP_CLASS .. view.class
-    if view.tags and view.tags.reclaim == false then text = text .. " " .. STAMP_RECLAIM .. "no" end
+    local tags = view.tags
+    if tags and tags.reclaim == false then text = text .. " " .. STAMP_RECLAIM .. "no" end
+    if tags and tags.signal then text = text .. " " .. STAMP_SIGNAL .. tags.signal end
     return text
 end
 

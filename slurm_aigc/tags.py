@@ -10,8 +10,8 @@ Two different texts, two different trust levels (docs/tags.md, docs/security.md)
 * The job's **AdminComment** can be written only by slurmctld (our hook, at submit) and by
   Slurm admins: `scontrol update AdminComment=` by a job owner is refused ("Access/permission
   denied", measured on 22.05). The hook opens it with the stamp `aigc_class=<class>`
-  (and `aigc_reclaim=no` when the user opted out), e.g.
-  `aigc_class=train aigc_reclaim=no; aigc-reclaim: job 7 idle: ...`.
+  (`aigc_reclaim=no` when the user opted out, `aigc_signal=B.USR1` when the user declared
+  the job handles that signal), e.g. `aigc_class=train aigc_reclaim=no; aigc-reclaim: job 7 idle: ...`.
   `trusted_class` / `trusted_tags` read that stamp; the daemons decide with it.
 
 The stamp is the run of `aigc_<key>=<value>` words at the very start of the AdminComment,
@@ -26,7 +26,11 @@ import re
 UNKNOWN_CLASS = "unknown"
 TAG_PREFIX = "aigc:"
 MAX_COMMENT_READ = 1024  # bytes the hook reads: Slurm's own comment limit (MAX_COMMENT_READ in aigc_hook.lua)
-STAMP_KEYS = ("class", "reclaim")
+STAMP_KEYS = ("class", "reclaim", "signal")
+# Signals a job may declare it handles (`aigc:signal=USR1`, `aigc:signal=B.USR1`), which are
+# also the only ones the reclaim `signal` rung may send while cancelling is off
+# (policy/sections.py): every other signal's default action ends or stops the job.
+SIGNAL_NAMES = ("USR1", "USR2", "CONT", "URG", "WINCH")
 
 # Lua 5.1's %s in the C locale (slurmctld's): exactly these six bytes, not Python's \s.
 _LUA_SPACE = " \t\n\v\f\r"
@@ -38,6 +42,7 @@ _MODEL_UNSAFE_RE = re.compile(r"[^A-Za-z0-9_.\-]+")
 _VRAM_RE = re.compile(r"([0-9]+\.?[0-9]*)[ \t\n\v\f\r]*([KkMmGgTt])[iI]?[bB]?")  # Lua's %d is ASCII
 _UNIT_GIB = {"k": 1 / 1048576, "m": 1 / 1024, "g": 1.0, "t": 1024.0}
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+_ASCII_UPPER = str.maketrans("abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ")
 _BOOLEANS = {"yes": True, "true": True, "1": True, "on": True, "no": False, "false": False, "0": False, "off": False}
 
 
@@ -89,6 +94,19 @@ def ascii_lower(text: str) -> str:
     return text.translate(_ASCII_LOWER)
 
 
+def signal_tag(value: str) -> str | None:
+    """The hook's reading of `aigc:signal=`: `b:sigusr1` -> `B.USR1`, `usr2` -> `USR2`; None when not allowed.
+
+    `B:`/`B.` means the batch shell (as `sbatch --signal=B:USR1`), else the job steps; the
+    stamp writes `.` for `:`. Only `SIGNAL_NAMES`, by name (numbers differ between systems).
+    """
+    text = value.translate(_ASCII_UPPER)  # Lua's string.upper in the C locale: ASCII only
+    batch = text[:2] in ("B:", "B.")
+    name = text[2:] if batch else text
+    name = name[3:] if name.startswith("SIG") else name
+    return ("B." if batch else "") + name if name in SIGNAL_NAMES else None
+
+
 def _checked(key: str, value: str, classes: frozenset[str] | None) -> str | None:
     """The hook's `check_pair`, as text: the value kept, or None when the hook drops the pair."""
     if value == "":
@@ -103,6 +121,8 @@ def _checked(key: str, value: str, classes: frozenset[str] | None) -> str | None
     if key in ("share", "nvlink", "reclaim"):
         flag = _BOOLEANS.get(ascii_lower(value))
         return None if flag is None else ("yes" if flag else "no")
+    if key == "signal":
+        return signal_tag(value)
     return None
 
 
@@ -162,11 +182,14 @@ def stamp_of(admin_comment: str | None) -> str:
     return " ".join(match.group(0) for match in _stamp_words(admin_comment))
 
 
-def stamp(job_class: str, opt_out: bool = False) -> str:
-    """The stamp the hook writes: `aigc_class=<class>` (+ ` aigc_reclaim=no`)."""
+def stamp(job_class: str, opt_out: bool = False, signal: str = "") -> str:
+    """The stamp the hook writes: `aigc_class=<class>` (+ ` aigc_reclaim=no`) (+ ` aigc_signal=B.USR1`)."""
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", job_class):
         raise ValueError(f"class {job_class!r} cannot be stamped: use letters, digits, _ . -")
-    return f"aigc_class={job_class}" + (" aigc_reclaim=no" if opt_out else "")
+    declared = signal_tag(signal) if signal else ""
+    if declared is None:
+        raise ValueError(f"signal {signal!r} cannot be stamped: use one of {', '.join(SIGNAL_NAMES)}, B. for the batch shell")
+    return f"aigc_class={job_class}" + (" aigc_reclaim=no" if opt_out else "") + (f" aigc_signal={declared}" if declared else "")
 
 
 def admin_comment_with(existing: str | None, note: str, max_len: int | None = None) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from slurm_aigc.policy.model import DetectionRule, GpuType, Policy
 from slurm_aigc.shipped import HOOK, shipped_file
+from slurm_aigc.tags import SIGNAL_NAMES
 
 MARKER = "-- slurm-aigc job_submit.lua (rendered)"
 _LUA_MAGIC = set("^$()%.[]*+-?")
@@ -119,6 +120,7 @@ def policy_table(policy: Policy) -> dict[str, LuaValue]:
             for name, d in policy.classes.items()
         },
         "class_list_text": ", ".join(policy.classes),
+        "signal_names": list(SIGNAL_NAMES),  # what `aigc:signal=` may declare (tags.py)
         "inventory": {"shard_gres": policy.inventory.shard_gres, "gpu_types": [_gpu_type(t) for t in policy.inventory.gpu_types]},
         "detection": [_rule(rule) for rule in policy.detection],
         "rewrites": {

@@ -25,6 +25,7 @@ from slurm_aigc.policy.model import (
     ScoringConfig,
     StorageConfig,
 )
+from slurm_aigc.tags import SIGNAL_NAMES
 from slurm_aigc.telemetry import scoring
 from slurm_aigc.validation import (
     Node,
@@ -53,7 +54,7 @@ _ALLOWED_ACTIONS = {
 # too, but they exist to be handled by the program, and the rung signals only jobs that said
 # they handle it; CONT/URG/WINCH are ignored by default. Every other signal's default action
 # ends (or stops) the job: a disguised `cancel` (issue 12.6).
-_NON_TERMINATING_SIGNALS = frozenset({"USR1", "USR2", "CONT", "URG", "WINCH"})
+_NON_TERMINATING_SIGNALS = frozenset(SIGNAL_NAMES)  # also what a job may declare (aigc:signal=)
 _CLASS_KEYS = {f.name for f in fields(ClassPolicy)}
 _RECLAIM_KEYS = {f.name for f in fields(ReclaimConfig)} - {"shards_per_gpu", "gib_per_shard"}
 

@@ -12,13 +12,13 @@ from slurm_aigc.policy.hookruntime import SUCCESS, HookResult, HookRuntime
 from slurm_aigc.policy.loader import load_policy
 from slurm_aigc.policy.paths import shipped_policy
 from slurm_aigc.policy.render import render_hook
-from slurm_aigc.tags import comment_tags, trusted_class, trusted_opt_out
+from slurm_aigc.tags import comment_tags, trusted_class, trusted_opt_out, trusted_tags
 
 TOUCHED = {"comment", "admin_comment", "features", "prefer", "tres_per_node", "tres_per_job", "partition", "qos", "time_limit"}
 LUA_MAGIC = "%[]().*+-?^$"
-KEYS = ["type", "model", "vram", "share", "nvlink", "reclaim", "TYPE", "", "x", "aigc", "vram "]
+KEYS = ["type", "model", "vram", "share", "nvlink", "reclaim", "signal", "TYPE", "", "x", "aigc", "vram "]
 VALUES = ["infer", "train", "imagegen", "interactive", "unknown", "20G", "0G", "1e9G", "-5G", "40", "yes", "no",
-          "", "%d", "%s%s%s", "llama3-8b", "∞", "\x00", "((((", "a,b", "="]
+          "", "%d", "%s%s%s", "llama3-8b", "∞", "\x00", "((((", "a,b", "=", "USR1", "B.USR1", "b:sigusr2", "TERM", "B.KILL"]
 
 
 @lru_cache(maxsize=1)
@@ -71,7 +71,8 @@ def test_hostile_jobs_are_accepted_and_never_crash_the_hook(
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(comment=tagged_comments(), admin_comment=st.sampled_from(["aigc_class=interactive", "aigc_class=interactive; x",
-                                                                 "x; aigc_class=train", "aigc_reclaim=no"]) | st.text(max_size=30))
+                                                                 "x; aigc_class=train", "aigc_reclaim=no",
+                                                                 "aigc_signal=B.USR1"]) | st.text(max_size=30))
 def test_a_submitted_admin_comment_never_supplies_the_stamp(comment: str, admin_comment: str) -> None:
     """slurmctld refuses a user's AdminComment before the plugin; if one ever got through, the hook's stamp wins."""
     fields = {"comment": comment, "admin_comment": admin_comment, "tres_per_node": "gres:gpu:1", "script": "#!/bin/sh\n"}
@@ -79,6 +80,7 @@ def test_a_submitted_admin_comment_never_supplies_the_stamp(comment: str, admin_
     stamped = result.after["admin_comment"]
     assert trusted_class(stamped) == result.job_class
     assert trusted_opt_out(stamped) == (comment_tags(comment).get("reclaim") == "no")  # only the tag opts out
+    assert trusted_tags(stamped).get("signal") == comment_tags(comment).get("signal")  # only the tag declares a signal
 
 
 @settings(max_examples=50, deadline=None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,10 @@ from slurm_aigc.policy.hookruntime import (
 from slurm_aigc.policy.loader import parse_policy_text
 from slurm_aigc.policy.paths import shipped_policy
 from slurm_aigc.policy.render import render_hook
-from slurm_aigc.tags import trusted_class
+from slurm_aigc.reclaim.fakes import FakeJob
+from slurm_aigc.reclaim.jobs import declared_signal
+from slurm_aigc.slurm import job_from_fields, parse_key_values
+from slurm_aigc.tags import trusted_class, trusted_tags
 from slurm_aigc.telemetry.features import model_feature
 
 ALICE = 1001
@@ -329,3 +333,39 @@ def test_reclaim_opt_out_is_a_valid_key_for_the_hook(tmp_path: Path) -> None:
     result = submit(hook, comment="aigc:type=infer,reclaim=no,vram=20G", tres_per_node="gres:gpu:1")
     assert result.rc == SUCCESS and result.changes["tres_per_node"] == ("gres:gpu:1", "gres:shard:20")
     assert submit(hook, comment="aigc:type=infer,reclaim=maybe").rc == ERROR
+
+
+@pytest.mark.parametrize(("tag", "stamped", "declared"), [
+    ("aigc:type=train,signal=B.USR1", "aigc_class=train aigc_signal=B.USR1", "B:USR1"),
+    ("aigc:type=train,reclaim=no,signal=b:sigusr2", "aigc_class=train aigc_reclaim=no aigc_signal=B.USR2", "B:USR2"),
+    ("notes aigc:signal=usr1", "aigc_class=unknown aigc_signal=USR1", "USR1"),  # untouched classes are stamped too
+])
+def test_a_signal_tag_is_stamped_into_the_admin_comment(hook: HookRuntime, tag: str, stamped: str, declared: str) -> None:
+    """job_submit/lua cannot see --signal: the user's own `aigc:signal=` declares it, for their own job only."""
+    result = submit(hook, comment=tag, tres_per_node="gres:gpu:1")
+    assert result.rc == SUCCESS and result.after["admin_comment"] == stamped and result.messages == []
+    job = replace(job_from_fields(parse_key_values(FakeJob("7").line())), admin_comment=stamped)
+    assert declared_signal(job) == declared  # what reclaim reads
+
+
+@pytest.mark.parametrize("value", ["TERM", "KILL", "SIGINT", "10", "B:HUP", "X.USR1", "USR1;rm", "B.", "SIG"])
+def test_a_signal_that_ends_a_job_or_is_not_a_name_is_a_tag_error(tmp_path: Path, value: str) -> None:
+    lenient = submit(runtime_for(tmp_path), comment=f"aigc:type=train,signal={value}", tres_per_node="gres:gpu:1")
+    assert lenient.rc == SUCCESS and lenient.after["admin_comment"] == "aigc_class=train"  # no signal declared
+    assert any(f"'signal={value}'" in m and "-- ignored" in m for m in lenient.messages)
+    strict = submit(runtime_for(tmp_path, hook={"strict_tags": True}), comment=f"aigc:type=train,signal={value}")
+    assert strict.rc == ERROR and strict.changes == {} and strict.user_msg is not None
+    assert f"'signal={value}'" in strict.user_msg and "USR1, USR2, CONT, URG, WINCH" in strict.user_msg
+
+
+def test_only_the_tag_declares_a_signal_user_stamp_words_are_dropped(hook: HookRuntime) -> None:
+    written = submit(hook, comment="run aigc:type=train aigc_signal=B.USR1 x", tres_per_node="gres:gpu:1")
+    assert written.after["comment"] == "run aigc:type=train x"
+    assert trusted_tags(written.after["admin_comment"]) == {"class": "train"}
+    crafted = submit(hook, comment="aigc:type=train", admin_comment="aigc_signal=B.USR1; sent in a crafted request")
+    assert crafted.after["admin_comment"] == "aigc_class=train; sent in a crafted request"
+    # The declaration is made at submit: a re-tag of a pending job never writes the stamp (22.05
+    # would refuse the owner's whole update), so the record keeps what was declared then.
+    record = {"job_state": 0, "comment": "aigc:type=train", "gres": "gres:gpu:1", "admin_comment": "aigc_class=train"}
+    retag = hook.modify({"comment": "aigc:type=train,signal=B.USR1"}, record, modify_uid=ALICE)
+    assert retag.rc == SUCCESS and "admin_comment" not in retag.after

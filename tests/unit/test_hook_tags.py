@@ -30,7 +30,8 @@ CLASSES = frozenset(POLICY.classes)
 ODD_SPACE = ["\x1c", "\x1d", "\x1e", "\x1f", "\x85", "\xa0", "\u2028", "\u3000", "\x0b", "\x0c", "\r", "\t", "\n", " "]
 PIECES = ["aigc:", "aigc_class=", "aigc_reclaim=no", "type=", "model=", "vram=", "share=", "nvlink=", "reclaim=",
           "infer", "TRAIN", "Interactive", "\u212aB", "20G", "0.5T", "1e3G", "٣G", "512m", "yes", "No", "ON", "0",
-          ",", ",,", "=", ";", "|", "%", "x", "é", "\x00", "\udc80", *ODD_SPACE]
+          ",", ",,", "=", ";", "|", "%", "x", "é", "\x00", "\udc80", *ODD_SPACE,
+          "signal=", "USR1", "usr2", "B.", "b:", "B:", "SIG", "sig", "TERM", "KILL", "10", "WINCH", "ſ"]
 
 
 @lru_cache(maxsize=1)
@@ -81,7 +82,7 @@ def test_examples_of_the_one_grammar() -> None:
 
 
 @settings(max_examples=800, deadline=None)
-@given(admin_comment=st.lists(st.sampled_from(["aigc_class=train", "aigc_reclaim=no", "aigc_signal=B:USR1", "aigc_x=",
+@given(admin_comment=st.lists(st.sampled_from(["aigc_class=train", "aigc_reclaim=no", "aigc_signal=B:USR1", "aigc_signal=B.USR1", "aigc_x=",
                                                 "aigc_Class=a", "note", ";", " ", "\t", "\x1c", "aigc-reclaim:", "é"]),
                               max_size=8).map("".join) | st.text(max_size=30))
 def test_hook_and_python_read_the_stamp_alike(admin_comment: str) -> None:
@@ -110,3 +111,13 @@ def test_a_daemon_note_keeps_the_stamp_in_front_and_cannot_forge_one() -> None:
 
 def test_stamp_text() -> None:
     assert stamp("train") == "aigc_class=train" and stamp("infer", opt_out=True) == "aigc_class=infer aigc_reclaim=no"
+    assert stamp("train", signal="b:sigusr1") == "aigc_class=train aigc_signal=B.USR1"
+
+
+def test_examples_of_the_signal_key() -> None:
+    assert comment_tags("aigc:type=train,signal=B.USR1", CLASSES) == {"type": "train", "signal": "B.USR1"}
+    assert comment_tags("aigc:signal=b:SigUsr2", CLASSES) == {"signal": "B.USR2"}  # sbatch's --signal=B:USR2 spelling
+    assert comment_tags("aigc:signal=wınch", CLASSES) == {}  # dotless i: Lua upper-cases ASCII only
+    for value in ("TERM", "KILL", "10", "B:HUP", "SIG", "B.", "X.USR1"):
+        assert comment_tags(f"aigc:signal={value}", CLASSES) == {}, value
+        assert hook().parse_tags(f"aigc:signal={value}")[0] == {}, value
