@@ -95,9 +95,10 @@ def declared_signal(job: JobInfo) -> str:
     """The signal the job declared it handles, `B:USR1` (batch shell) or `USR1` (steps); "" when none.
 
     Slurm 22.05 shows a job's `--signal` neither in `scontrol show job` nor in `squeue --json`
-    (checked on 22.05.8), nor to job_submit/lua (docs/slurm-boundary.md), so an admin stamps
-    it into the AdminComment, which job owners cannot write: `aigc_signal=USR1` (`--signal=USR1`)
-    or `aigc_signal=B.USR1` (`--signal=B:USR1`); a number (`10`) is read as that signal.
+    (checked on 22.05.8), nor to job_submit/lua (docs/slurm-boundary.md), so the user declares
+    it with the tag `aigc:signal=USR1` (steps) or `aigc:signal=B.USR1` (batch shell) and the hook
+    stamps it into the AdminComment, which job owners cannot write: `aigc_signal=B.USR1`. Only
+    that leading stamp is read (`trusted_tags`); an admin's stamp may also give a number (`10`).
     """
     value = trusted_tags(job.admin_comment).get("signal", "")
     batch, _, sig = value.rpartition(".")

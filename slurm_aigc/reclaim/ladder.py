@@ -19,8 +19,8 @@ from slurm_aigc.reclaim.detect import Verdict
 from slurm_aigc.tags import UNKNOWN_CLASS, trusted_class, trusted_opt_out, trusted_tags
 
 ADMIN_COMMENT_TAG = "aigc-reclaim:"
-# The hook's grammar (see policy/ and telemetry/publisher.py): `aigc:k=v,k=v` (also `;` or
-# `|` between pairs) and the class the hook appends as `aigc_class=X`.
+# What planning trusts about a job comes from the hook's stamp at the start of its AdminComment
+# (`aigc_class=X aigc_reclaim=no aigc_signal=B.USR1`, slurm_aigc.tags), never from its comment.
 
 
 @dataclass(frozen=True)
@@ -41,8 +41,9 @@ class JobFacts:
     remaining_s: float | None = None
     shrinkable: bool = True  # its GPU request is one we can rewrite (see jobs.shrink_updates)
     shard_gpus: float = 0.0  # its shards as GPU fractions (shards / shards per GPU of its node's type)
-    # The signal the job declared it handles, from a stamp only slurmctld/admins can write
-    # (`aigc_signal=B.USR1` in the AdminComment, read as `B:USR1`: see jobs.declared_signal); "" when none.
+    # The signal the job declared it handles (`aigc:signal=B.USR1` at submit), from the stamp only
+    # slurmctld/admins can write (`aigc_signal=B.USR1` in the AdminComment, read as `B:USR1`:
+    # see jobs.declared_signal); "" when none.
     declared_signal: str = ""
 
 
@@ -149,14 +150,14 @@ def signal_refusal(facts: JobFacts, signal: str) -> str | None:
     """Why the `signal` step must not run: a job that does not trap the signal dies of it.
 
     SIGUSR1's default action terminates a process, so only a job that declared it handles
-    the signal (`--signal`, stamped by the hook or an admin as `aigc_signal=` in the
-    AdminComment, which job owners cannot write) gets it.
+    the signal gets it: its `aigc:signal=` tag at submit, which the hook stamps as
+    `aigc_signal=` into the AdminComment (job owners cannot write that field).
     """
     if not facts.batch:
         return "not a batch job"
     declared = facts.declared_signal.rsplit(":", 1)[-1]
     if not declared:
-        return f"job did not declare it handles SIG{signal} (no aigc_signal= stamp from --signal)"
+        return f"job did not declare it handles SIG{signal} (no aigc:signal= tag at submit)"
     if declared != signal:
         return f"job declared SIG{declared}, not SIG{signal}"
     return None

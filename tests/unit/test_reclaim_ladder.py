@@ -6,6 +6,8 @@ from dataclasses import replace
 
 from slurm_aigc.reclaim.config import ClassPolicy, Exemptions, ReclaimConfig
 from slurm_aigc.reclaim.detect import Verdict
+from slurm_aigc.reclaim.fakes import FakeJob
+from slurm_aigc.reclaim.jobs import job_facts
 from slurm_aigc.reclaim.ladder import (
     JobFacts,
     PastAction,
@@ -18,6 +20,7 @@ from slurm_aigc.reclaim.ladder import (
     parse_job_tags,
     plan_job,
 )
+from slurm_aigc.slurm import job_from_fields, parse_key_values
 
 NOW = 10_000.0
 CONFIG = ReclaimConfig(dry_run=False, cooldown_s=60.0, max_actions_per_job=4)
@@ -171,8 +174,24 @@ def test_signal_step_only_for_jobs_that_declared_the_signal_else_skipped_with_re
     config = replace(CONFIG, defaults=replace(CONFIG.defaults, ladder={"fake_busy": ("signal", "requeue")}))
     plan = plan_job(verdict("fake_busy"), FACTS, (), config, NOW)
     assert isinstance(plan, PlannedAction) and plan.action == "requeue"
-    assert plan.skipped == ("signal: job did not declare it handles SIGUSR1 (no aigc_signal= stamp from --signal)",)
+    assert plan.skipped == ("signal: job did not declare it handles SIGUSR1 (no aigc:signal= tag at submit)",)
     declared = plan_job(verdict("fake_busy"), replace(FACTS, declared_signal="B:USR1"), (), config, NOW)
     assert isinstance(declared, PlannedAction) and (declared.action, declared.skipped) == ("signal", ())
     other = plan_job(verdict("fake_busy"), replace(FACTS, declared_signal="TERM"), (), config, NOW)
     assert isinstance(other, PlannedAction) and other.skipped == ("signal: job declared SIGTERM, not SIGUSR1",)
+
+
+def test_the_signal_declaration_is_read_from_the_leading_stamp_only() -> None:
+    """A job that did not declare the signal at submit cannot claim it later through user text."""
+    config = replace(CONFIG, defaults=replace(CONFIG.defaults, ladder={"fake_busy": ("signal", "requeue")}))
+
+    def step(admin_comment: str, comment: str = "x") -> str:
+        job = replace(job_from_fields(parse_key_values(FakeJob("7").line())), admin_comment=admin_comment, comment=comment)
+        plan = plan_job(verdict("fake_busy"), job_facts(job, NOW), (), config, NOW)
+        assert isinstance(plan, PlannedAction)
+        return plan.action
+
+    assert step("aigc_class=train aigc_signal=B.USR1; aigc-reclaim: job 7 fake_busy: notify") == "signal"
+    assert step("aigc_class=train; aigc_signal=B.USR1") == "requeue"  # after the stamp: a note, not a stamp
+    assert step("site text aigc_class=train aigc_signal=B.USR1") == "requeue"
+    assert step("aigc_class=train", comment="aigc:signal=B.USR1 aigc_signal=B.USR1") == "requeue"  # the owner's comment
