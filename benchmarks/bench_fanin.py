@@ -190,7 +190,8 @@ def controller_loop(url: str, nodes: int, interval_s: float, end: float, ticks: 
 
 def scratch_database() -> tuple[str, str]:
     """(URL of a new empty database on the local cluster's MariaDB, its name), as the test role."""
-    server = make_url(read_url_file(LocalCluster().db_url_file("test"))).set(database=None)
+    # SQLAlchemy 2.1's URL.set(database=None) keeps the database: connect to information_schema.
+    server = make_url(read_url_file(LocalCluster().db_url_file("test"))).set(database="information_schema")
     name = f"slurm_aigc_test_fanin_{os.getpid()}"
     engine = create_engine(server)
     with engine.begin() as connection:
@@ -200,7 +201,7 @@ def scratch_database() -> tuple[str, str]:
 
 
 def drop_database(url: str, name: str) -> None:
-    engine = create_engine(make_url(url).set(database=None))
+    engine = create_engine(make_url(url).set(database="information_schema"))
     with engine.begin() as connection:
         connection.execute(text(f"DROP DATABASE IF EXISTS {name}"))
     engine.dispose()

@@ -254,7 +254,7 @@ class Controller:
             self._shared_jobs |= {r.job_id for r in rows if r.shared}
             metas = {j.job_id: job_meta(j, facts[j.job_id], now, j.job_id in self._shared_jobs) for j in jobs}
         self._tracker.update(batch_from_jobs(windows_from_rows(metas, rows)), self.config)
-        tracked = {job_id: meta for job_id, meta in metas.items() if job_id in self._tracker.jobs()}
+        tracked = {job_id: meta for known in [self._tracker.jobs()] for job_id, meta in metas.items() if job_id in known}
         verdicts = self._tracker.verdicts(tracked, self.config, now)
         found = self._guard_memory(now, jobs, metas, gib, with_missing(verdicts, metas, self.config, now))
         return self._plan(now, newest, jobs, facts, found)
