@@ -124,7 +124,7 @@ in_namespaces() {
     local root=$1 net=$2 command=$3 flags=(--mount --pid --fork --propagation private)
     [ "$net" = own-net ] && flags+=(--net --uts)
     unshare "${flags[@]}" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 $(env | grep '^PIP_[A-Z_]*=[^ ]*$') \
-        ROOT="$root" NET="$net" NS_ADDR="$NS_ADDR" NS_PEER="$NS_PEER" NS_HOST="$NS_HOST" COMMAND="$command" \
+        ROOT="$root" NET="$net" CGROUP="$CHROOT_CGROUP" NS_ADDR="$NS_ADDR" NS_PEER="$NS_PEER" NS_HOST="$NS_HOST" COMMAND="$command" \
         bash -euc '
         if [ "$NET" = own-net ]; then
             hostname "$NS_HOST"
@@ -142,8 +142,9 @@ in_namespaces() {
         mount --bind "$ROOT/proc/sys" "$ROOT/proc/sys"
         mount -o remount,bind,ro "$ROOT/proc/sys"
         mount -t sysfs -o ro sysfs "$ROOT/sys"
-        # Slurm 22.05 slurmd will not start without a cgroup filesystem, even with task/none.
-        if mountpoint -q /sys/fs/cgroup; then
+        # Slurm 22.05 slurmd will not start without a cgroup filesystem, even with task/none
+        # (24.11 does; it is run without one, as it was tested).
+        if [ "$CGROUP" = yes ] && mountpoint -q /sys/fs/cgroup; then
             mount --rbind /sys/fs/cgroup "$ROOT/sys/fs/cgroup" && mount -o remount,bind,ro "$ROOT/sys/fs/cgroup"
         fi
         mount --rbind /dev "$ROOT/dev"
@@ -157,6 +158,8 @@ in_namespaces() {
 
 release=$(host_release)
 case "$release" in bookworm) other=trixie ;; trixie) other=bookworm ;; esac
+CHROOT_CGROUP=no
+[ "$other" = bookworm ] && CHROOT_CGROUP=yes
 mirror=${SLURM_AIGC_DEBIAN_MIRROR:-$(debian_mirror "$release")}
 packages="$BASE_PACKAGES $(cluster_packages)"
 # The key: what the built tree depends on (build_chroot's code, comments stripped by declare -f;
