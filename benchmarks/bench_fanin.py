@@ -11,8 +11,8 @@ jobs, 4 shard jobs two per GPU) and `TelemetryStore.write_poll` stores 8 GPU row
 process rows and 10 per-job rows in one transaction. Latency is that call's wall time; lag
 is how late a write started against its schedule (a saturated client, not the database).
 
-Controller: every `--interval-s`, one `Controller.tick()` (reclaim, dry-run) and one
-`Publisher.tick()` (dry-run) over all the jobs and nodes, with Slurm answered by a fake that
+Controller: every `--interval-s`, one `Controller.tick()` (reclaim, dry-run, and the
+publisher's `tick_when_due`, dry-run, every `scoring.interval_s`) over all the jobs and nodes, with Slurm answered by a fake that
 returns `squeue --json` / `sinfo --json` documents of that size (22.05 layout). The first
 tick reads every job's full lookback; the table shows it apart from the steady ticks.
 
@@ -171,8 +171,9 @@ def controller_loop(url: str, nodes: int, interval_s: float, end: float, ticks: 
     slurm = SlurmCli(runner=FleetSlurm(nodes))
     factory = open_database(url)
     publisher = Publisher(slurm, TelemetryStore(factory), load_scoring_config(None), dry_run=True)
+    # As `slurm-aigc controller` wires it: the publisher keeps its own scoring.interval_s (30 s).
     controller = Controller(slurm, ReclaimStore(factory), load_reclaim_config(None), dry_run=True,
-                            publisher_tick=publisher.tick)
+                            publisher_tick=publisher.tick_when_due)
     next_tick = time.time() + interval_s  # let the writers fill a first interval
     while next_tick < end:
         time.sleep(max(0.0, next_tick - time.time()))  # the controller's tick schedule
