@@ -20,6 +20,7 @@ MEMGUARD_POLICY = POLICY.replace("  exempt:", "  over_memory_samples: 3\n  exemp
     "      over_allocated: [notify, shrink]\n",
     "      over_allocated: [notify, shrink]\n      over_memory: [notify, requeue]\n",
 ) + "inventory: {gpu_types: {a100: {memory_gib: 80, shards_per_gpu: 80}, t4: {memory_gib: 16, shards_per_gpu: 16}}}\n"
+assert "over_memory_samples: 3" in MEMGUARD_POLICY and "over_memory: [notify, requeue]" in MEMGUARD_POLICY
 
 
 def shard_job(cluster: ClusterHandle, name: str, mem: str, node: str | None = None) -> str:
