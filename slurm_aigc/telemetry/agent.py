@@ -35,7 +35,7 @@ from slurm_aigc.telemetry.config import AgentConfig, load_agent_config
 from slurm_aigc.telemetry.gres import job_gpu_indices
 from slurm_aigc.telemetry.metrics import DaemonMetrics, NullMetrics, open_metrics
 from slurm_aigc.telemetry.records import GpuBackend, NodeReading
-from slurm_aigc.telemetry.store import JobGpuUse, Publication, TelemetryStore
+from slurm_aigc.telemetry.store import JobGpuUse, TelemetryStore
 
 LOG = logging.getLogger(__name__)
 
@@ -194,12 +194,9 @@ class Agent:
             self._slurm.update_node(self.node, features=merged)
             LOG.info("agent: updated %s: %s", self.node, reason)
             self._metrics.count_publication(self.node)
+        # Not recorded in node_publications: the agent's database role (its credentials sit on every
+        # compute node) may only add samples, so the log line and the metric are this change's record.
         self._published = wanted
-        if self._store is not None:
-            self._store.record_publication(Publication(
-                ts=self._wall_clock(), node=self.node, features_before=current, features_after=merged,
-                weight_before=None, weight_after=None, reason=reason, dry_run=self._dry_run,
-            ))
         return merged
 
 
