@@ -239,6 +239,26 @@ def test_the_trusted_class_is_one_its_owner_cannot_write(cluster: Any, hook_inst
     assert job(cluster, jobs[0]).admin_comment == "aigc_class=train aigc_reclaim=no; site note"
 
 
+def test_a_signal_tag_is_stamped_and_only_the_tag_declares_it(cluster: Any, hook_installed: Path, jobs: list[str]) -> None:
+    """job_submit/lua cannot see --signal: the owner's `aigc:signal=` is stamped at submit, read back as slurmctld keeps it."""
+    jobs.append(submit(cluster, SLEEP, "--hold", "--gres=gpu:1", "--comment=aigc:signal=B.USR1"))
+    jobs.append(submit(cluster, SLEEP, "--hold", "--gres=gpu:1", "--comment=aigc:type=train aigc_signal=B.USR1"))
+    jobs.append(submit(cluster, SLEEP, "--hold", "--gres=gpu:1", "--comment=aigc:type=train,signal=TERM"))
+    declared, written, refused = (job(cluster, job_id) for job_id in jobs)
+    assert declared.admin_comment == "aigc_class=unknown aigc_signal=B.USR1"  # squeue --json
+    shown = subprocess.run(["scontrol", "show", "job", jobs[0]], capture_output=True, text=True, timeout=30, check=True)
+    # 22.05 ends the line after it; 24.11 may print another field after a space.
+    assert re.search(r"AdminComment=aigc_class=unknown aigc_signal=B\.USR1(\s|$)", shown.stdout), shown.stdout
+    # A stamp word in the comment declares nothing (and is dropped); a terminating signal is a tag error.
+    assert written.admin_comment == "aigc_class=train" and written.comment.strip() == "aigc:type=train"
+    assert refused.admin_comment == "aigc_class=train"
+    # The owner cannot declare it after submit: a re-tag leaves the stamp, an AdminComment update is refused.
+    assert as_alice(f"scontrol update JobId={jobs[1]} Comment=aigc:type=train,signal=B.USR1").returncode == 0
+    assert job(cluster, jobs[1]).admin_comment == "aigc_class=train"
+    denied = as_alice(f"scontrol update JobId={jobs[1]} AdminComment='aigc_class=train aigc_signal=B.USR1'")
+    assert denied.returncode != 0 and job(cluster, jobs[1]).admin_comment == "aigc_class=train"
+
+
 def test_a_comment_only_update_keeps_the_time_limit(cluster: Any, hook_installed: Path, jobs: list[str]) -> None:
     # imagegen's class default is 90 minutes in this policy; the job asked for 30.
     jobs.append(submit(cluster, SLEEP, "--hold", "--time=30", "--comment=aigc:type=imagegen,share=no"))

@@ -23,6 +23,10 @@ import pytest
 
 from slurm_aigc.db import open_database
 from slurm_aigc.errors import AigcError
+from slurm_aigc.policy.install import install_hook
+from slurm_aigc.policy.loader import load_policy
+from slurm_aigc.policy.paths import shipped_policy
+from slurm_aigc.policy.render import render_hook
 from slurm_aigc.reclaim.actuator import Actuator, ActuatorCrash
 from slurm_aigc.reclaim.config import load_reclaim_config
 from slurm_aigc.reclaim.controller import Controller
@@ -378,16 +382,15 @@ def test_signal_reaches_only_a_job_that_declared_it_handles_it(cluster: ClusterH
     store = ReclaimStore(open_database(f"sqlite:///{work / 'state.db'}"))
     config = load_reclaim_config(None)
     trapping = "trap 'echo aigc-got-usr1' USR1\nwhile true; do sleep 1; done\n"
-    untrapped = submit(cluster, "sleep 600\n", "--gres=gpu:1")
-    declared = submit(cluster, trapping, "--gres=gpu:1", "--signal=B:USR1@5")
+    # The shipped hook, as rendered now: it stamps the owner's `aigc:signal=` into the AdminComment.
+    install_hook(render_hook(load_policy(shipped_policy())), cluster.etc_dir)
+    untrapped = submit(cluster, "sleep 600\n", "--gres=gpu:1", "--comment=aigc_signal=B.USR1")  # user text: nothing
+    declared = submit(cluster, trapping, "--gres=gpu:1", "--comment=aigc:signal=B.USR1")
     try:
         for job_id in (untrapped, declared):
             wait_job_state(cluster, job_id, "RUNNING", timeout_s=90)
-        # What the hook (from job_desc.warn_signal) or an admin stamps; job owners cannot write it.
         stamped = cluster.slurm.job(declared)
-        assert stamped is not None
-        head, _, rest = stamped.admin_comment.partition(";")
-        cluster.slurm.update_job(declared, AdminComment=f"{head.strip()} aigc_signal=B.USR1".strip() + (f";{rest}" if rest else ""))
+        assert stamped is not None and "aigc_signal=B.USR1" in stamped.admin_comment
         actuator = Actuator(cluster.slurm, store, config)
         for job_id in (untrapped, declared):
             job = cluster.slurm.job(job_id)
