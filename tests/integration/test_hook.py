@@ -88,7 +88,7 @@ def classify(*args: str, uid: int) -> dict[str, Any]:
 
 def _gres(text: str | None) -> str:
     """`gres:shard:20` / `gres/shard:20` / `shard:20` -> `shard:20` (22.05 Lua vs scontrol spelling)."""
-    entries = [e.split(":", 1)[1] if e.startswith(("gres:", "gres/")) else e for e in (text or "").split(",") if e]
+    entries = [e[len("gres:"):] if e.startswith(("gres:", "gres/")) else e for e in (text or "").split(",") if e]
     return ",".join(entries)
 
 

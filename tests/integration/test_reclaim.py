@@ -322,6 +322,14 @@ def test_a_job_that_completes_between_decision_and_requeue_is_not_run_again(clus
         shutil.rmtree(work, ignore_errors=True)
 
 
+def output_so_far(job_id: str) -> str:
+    """The job's output file, or "" before slurmstepd has created it."""
+    try:
+        return job_output(job_id)
+    except FileNotFoundError:
+        return ""
+
+
 @contextmanager
 def slow_epilog(cluster: ClusterHandle, seconds: int) -> Iterator[None]:
     """Test-only: every job's epilog takes `seconds` longer (the cluster's own Epilog still runs after)."""
@@ -336,7 +344,9 @@ def slow_epilog(cluster: ClusterHandle, seconds: int) -> Iterator[None]:
     try:
         cluster.slurm.reconfigure()
         config_now = cluster.slurm.show_config()
-        assert config_now.get("Epilog") == str(script), config_now.get("Epilog")
+        # 22.05 prints `Epilog = X`; 24.11 allows several and prints `Epilog[0] = X`.
+        epilog = config_now.get("Epilog", config_now.get("Epilog[0]"))
+        assert epilog == str(script), epilog
         yield
     finally:
         conf.write_text(original)
@@ -381,7 +391,7 @@ def test_signal_reaches_only_a_job_that_declared_it_handles_it(cluster: ClusterH
     work = Path(tempfile.mkdtemp(prefix="slurm-aigc-signal-test-"))
     store = ReclaimStore(open_database(f"sqlite:///{work / 'state.db'}"))
     config = load_reclaim_config(None)
-    trapping = "trap 'echo aigc-got-usr1' USR1\nwhile true; do sleep 1; done\n"
+    trapping = "trap 'echo aigc-got-usr1' USR1\necho aigc-trap-set\nwhile true; do sleep 1; done\n"
     # The shipped hook, as rendered now: it stamps the owner's `aigc:signal=` into the AdminComment.
     install_hook(render_hook(load_policy(shipped_policy())), cluster.etc_dir)
     untrapped = submit(cluster, "sleep 600\n", "--gres=gpu:1", "--comment=aigc_signal=B.USR1")  # user text: nothing
@@ -389,6 +399,8 @@ def test_signal_reaches_only_a_job_that_declared_it_handles_it(cluster: ClusterH
     try:
         for job_id in (untrapped, declared):
             wait_job_state(cluster, job_id, "RUNNING", timeout_s=90)
+        # RUNNING comes before the script runs (the Prolog first, on 24.11 asynchronously): signal once the trap is set.
+        wait_for(lambda: "aigc-trap-set" in output_so_far(declared), 60, f"job {declared} to set its trap")
         stamped = cluster.slurm.job(declared)
         assert stamped is not None and "aigc_signal=B.USR1" in stamped.admin_comment
         actuator = Actuator(cluster.slurm, store, config)
@@ -399,7 +411,7 @@ def test_signal_reaches_only_a_job_that_declared_it_handles_it(cluster: ClusterH
         rows = {r.job_id: r for r in store.audit()}
         assert rows[untrapped].state == "skipped" and "did not declare" in rows[untrapped].detail["skipped"]
         assert rows[declared].state == "done", rows[declared].detail
-        wait_for(lambda: "aigc-got-usr1" in job_output(declared), 30, f"job {declared} to trap SIGUSR1")
+        wait_for(lambda: "aigc-got-usr1" in output_so_far(declared), 30, f"job {declared} to trap SIGUSR1")
         for job_id in (untrapped, declared):
             job = cluster.slurm.job(job_id)
             assert job is not None and job.state == "RUNNING", (job_id, job and job.state)
