@@ -1,7 +1,7 @@
 """Install the rendered hook into Slurm's config directory (`slurm-aigc policy install`).
 
-Order: render -> `luac -p` on a temp file -> write `job_submit.lua.aigc-tmp` in the target
-directory, fsync -> set its mtime one second ahead -> os.replace (atomic) -> fsync the dir.
+Order: render -> `luac -p` on a temp file -> `fsio.atomic_write_bytes` (a temp file in the target
+directory, fsync, mtime one second ahead, os.replace, fsync the dir).
 slurmctld therefore never reads half a file, and a script with a syntax error (which would
 stop a restarting slurmctld) never reaches the directory.
 
@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_aigc.errors import AigcError
+from slurm_aigc.fsio import atomic_write_bytes
 
 HOOK_FILE = "job_submit.lua"
 # Every job_submit.lua we write starts with this (render.MARKER, the local cluster's placeholder).
@@ -76,24 +77,15 @@ def syntax_check(text: str, *, luac: str | None = None, run: Runner = _run) -> N
 
 
 def atomic_write(path: Path, text: str, *, clock: Callable[[], float] = time.time) -> InstallResult:
-    """Write `text` to `path` via a temp file in the same directory and os.replace."""
+    """Write `text` to `path` durably through the one atomic writer, one second newer than before."""
     directory = path.parent
     if not directory.is_dir():
         raise PolicyInstallError(f"{directory} is not a directory (Slurm's config dir?)")
-    temp = directory / f".{path.name}.aigc-tmp"
     data = text.encode("utf-8")
+    mtime = next_mtime(path, clock())
     try:
-        with open(temp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temp, 0o644)
-        mtime = next_mtime(path, clock())
-        os.utime(temp, (mtime, mtime))
-        os.replace(temp, path)
-        _fsync_dir(directory)
+        atomic_write_bytes(path, data, mode=0o644, mtime=mtime, durable=True)
     except OSError as error:
-        temp.unlink(missing_ok=True)
         raise PolicyInstallError(f"cannot write {path}: {error.strerror or error}") from error
     return InstallResult(path, len(data), mtime)
 
@@ -109,14 +101,6 @@ def next_mtime(path: Path, now_s: float) -> float:
     except FileNotFoundError:
         previous = 0.0
     return float(max(int(now_s), int(previous)) + 1)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def install_hook(text: str, conf_dir: Path, *, luac: str | None = None, run: Runner = _run,
