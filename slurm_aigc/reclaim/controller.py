@@ -5,6 +5,11 @@ The controller never acts on data it cannot trust: slurmctld not answering
 than `stale_s` raise StaleSamplesError; the daemon loop then backs off and retries. Intents
 left open (by a killed controller, or a shrink whose job is not PENDING yet) are reconciled
 before each tick's actions; in dry-run that only reports, once, and changes nothing.
+
+slurmctld reads per tick (issue 11.5's budget): one job listing, handed on to the publisher
+(it lists no jobs of its own); the node listing behind the shards-per-GPU inventory is kept
+between ticks and re-read every `NODE_REFRESH_S`, on SIGHUP, or when a shard job runs on a
+node it does not know.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from ClusterShell.NodeSet import NodeSet
 
 from slurm_aigc.errors import AigcError
 from slurm_aigc.reclaim.actuator import ActionResult, Actuator
@@ -117,6 +124,9 @@ class Controller:
 
     # Rows committed out of id order (several agents, a server database) are re-read this far back.
     ID_OVERLAP = 10_000
+    # A node's GPU type (hence shards per GPU) changes only with slurm.conf: re-read it this
+    # rarely (a node listing is 2 RPCs on 22.05; per tick it was most of the controller's reads).
+    NODE_REFRESH_S = 600.0
 
     def __init__(
         self,
@@ -127,7 +137,7 @@ class Controller:
         dry_run: bool | None = None,
         clock: Callable[[], float] = time.time,
         actuator: Actuator | None = None,
-        publisher_tick: Callable[[], object] | None = None,
+        publisher_tick: Callable[[Sequence[JobInfo] | None], object] | None = None,
         only_jobs: frozenset[str] | None = None,
     ) -> None:
         self._slurm = slurm
@@ -143,12 +153,18 @@ class Controller:
         self._tracker = StretchTracker()
         self._watermark_id = 0
         self._shared_jobs: set[str] = set()
+        # This tick's job listing (every job, every state), for the publisher; None if not listed.
+        self._listing: list[JobInfo] | None = None
+        # GPU type by node name ('' when untyped or not listed) and when it was read.
+        self._gpu_types: dict[str, str] | None = None
+        self._gpu_types_at = -math.inf
 
     def set_config(self, config: ReclaimConfig) -> None:
         """Use a new, already validated config from the next tick on (SIGHUP)."""
         self.config = config
         self._actuator.config = config
         self._tracker = StretchTracker()  # thresholds changed: judge the windows afresh
+        self._gpu_types = None  # an admin reloading after a slurm.conf change expects a re-read
 
     def reconcile(self) -> tuple[ActionResult, ...]:
         """Settle open intents (a killed controller's, a shrink waiting for PENDING); dry-run: report only."""
@@ -170,11 +186,18 @@ class Controller:
         return self._plan(now, newest, jobs, facts, found)
 
     def tick(self) -> TickReport:
-        """One cycle: reclaim, then the publisher; the first error is raised after both ran."""
+        """One cycle: reclaim, then the publisher; the first error is raised after both ran.
+
+        The publisher gets reclaim's job listing of this tick (None when reclaim failed before
+        listing: it then lists the jobs itself).
+        """
         errors: list[Exception] = []
+        self._listing = None
         report = self._guard(self._reclaim_tick, errors)
-        if self._publisher_tick is not None:
-            self._guard(self._publisher_tick, errors)
+        publish = self._publisher_tick
+        if publish is not None:
+            listing = self._listing
+            self._guard(lambda: publish(listing), errors)
         if errors:
             raise errors[0]
         assert isinstance(report, TickReport)
@@ -191,14 +214,31 @@ class Controller:
     def _shard_maps(self, jobs: Sequence[JobInfo]) -> tuple[dict[str, int], dict[str, float]]:
         """Per node, shards per GPU and GiB per shard of its GPU type (policy inventory).
 
-        `scontrol show node` is read only when a running job holds shards.
+        Nodes are listed only when a running job holds shards, and then from the cache
+        (`_node_gpu_types`).
         """
-        if not self.config.shards_per_gpu or not any(uses_shards(j) for j in jobs):
+        shard_jobs = [j for j in jobs if uses_shards(j)]
+        if not self.config.shards_per_gpu or not shard_jobs:
             return {}, {}
-        types = {node.name: _gpu_type_of(node.gres) for node in self._slurm.nodes()}
+        types = self._node_gpu_types({str(n) for j in shard_jobs if j.node_list for n in NodeSet(j.node_list)})
         shards = {name: n for name, kind in types.items() if (n := self.config.shards_per_gpu.get(kind, 0))}
         gib = {name: g for name, kind in types.items() if (g := self.config.gib_per_shard.get(kind, 0.0))}
         return shards, gib
+
+    def _node_gpu_types(self, wanted: set[str]) -> dict[str, str]:
+        """GPU type by node, re-listed when older than NODE_REFRESH_S or a `wanted` node is unknown.
+
+        A node missing from the listing counts as untyped (no shards known) until the next
+        refresh, so that it does not cost a listing every tick.
+        """
+        now = self._clock()
+        cached = self._gpu_types
+        if cached is not None and now - self._gpu_types_at < self.NODE_REFRESH_S and wanted <= cached.keys():
+            return cached
+        types = {node.name: _gpu_type_of(node.gres) for node in self._slurm.nodes()}
+        types.update({name: "" for name in wanted if name not in types})
+        self._gpu_types, self._gpu_types_at = types, now
+        return types
 
     def _guard_memory(self, now: float, jobs: Sequence[JobInfo], metas: Mapping[str, JobMeta],
                       gib_by_node: Mapping[str, float], verdicts: dict[str, Verdict]) -> dict[str, Verdict]:
@@ -219,7 +259,8 @@ class Controller:
 
     def _snapshot(self) -> tuple[float, list[JobInfo], float | None]:
         now = self._clock()
-        jobs = [j for j in self._slurm.jobs() if j.state == "RUNNING" and is_gpu_job(j)
+        self._listing = self._slurm.jobs()
+        jobs = [j for j in self._listing if j.state == "RUNNING" and is_gpu_job(j)
                 and (self._only_jobs is None or j.job_id in self._only_jobs)]
         return now, jobs, self._store.newest_sample_ts()
 
@@ -279,7 +320,7 @@ class Controller:
 class PublisherHooks:
     """The telemetry publisher as the controller drives it: a tick and a config reload."""
 
-    tick: Callable[[], object]
+    tick: Callable[[Sequence[JobInfo] | None], object]
     reload: Callable[[], None]
 
 

@@ -3,7 +3,7 @@
 Each cycle (`Publisher.tick`, run by `slurm-aigc controller`):
 
 1. read the nodes (one listing: `SlurmCli.nodes()`, with `GresUsed`), the jobs (one listing:
-   `SlurmCli.jobs()`) and the mean GPU utilization of every node over the recent samples;
+   `SlurmCli.jobs()`, or the one the caller passes: the controller hands on its tick's) and the mean GPU utilization of every node over the recent samples;
 2. compute per node, in the pure planner (`publish_plan.plan_cycle`), a Slurm `Weight` from
    the scoring plugins and the dynamic features `nvfree<k>` and `model_<id>` (names in
    `features.py`), and put back the agents' static features Slurm lost (`remember_static`);
@@ -15,8 +15,8 @@ Each cycle (`Publisher.tick`, run by `slurm-aigc controller`):
 
 Features are merged into what Slurm reports just before the writes (one more node listing
 in a cycle that changes features, never one per node), so an admin's own features and the
-agent's static ones are never dropped. slurmctld RPCs per cycle: two listings, a third when
-features change, plus one `scontrol update` per node whose features or weight change.
+agent's static ones are never dropped. slurmctld RPCs per cycle: two listings (one when the
+controller passes its job listing), one more when features change, plus one `scontrol update` per node whose features or weight change.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from slurm_aigc.errors import AigcError
 from slurm_aigc.fsio import atomic_write_text
-from slurm_aigc.slurm import NodeInfo, SlurmCli
+from slurm_aigc.slurm import JobInfo, NodeInfo, SlurmCli
 from slurm_aigc.telemetry import features as feat
 from slurm_aigc.telemetry.config import ScoringConfig
 from slurm_aigc.telemetry.gres import gres_gpu_total
@@ -110,21 +110,26 @@ class Publisher:
         """Use a new (already validated) scoring config from the next cycle on (SIGHUP)."""
         self.config = config
 
-    def tick_when_due(self) -> list[NodePlan]:
-        """`tick()` at most once per `scoring.interval_s`: for hosts whose loop runs faster."""
+    def tick_when_due(self, jobs: Sequence[JobInfo] | None = None) -> list[NodePlan]:
+        """`tick(jobs)` at most once per `scoring.interval_s`: for hosts whose loop runs faster."""
         now = self._monotonic()
         if self._last_cycle_at is not None and now - self._last_cycle_at < self.config.interval_s:
             return []
         self._last_cycle_at = now
-        return self.tick()
+        return self.tick(jobs)
 
-    def tick(self) -> list[NodePlan]:
-        """One cycle; returns the plans it applied (or, in dry-run, would have applied)."""
+    def tick(self, jobs: Sequence[JobInfo] | None = None) -> list[NodePlan]:
+        """One cycle; returns the plans it applied (or, in dry-run, would have applied).
+
+        `jobs`: a fresh listing of every job (the controller's, taken this tick), so that the
+        cycle does not list them again; None: list them here.
+        """
         if self._last_weights is None:
             self._last_weights = {} if self._dry_run else self._store.last_published_weights()
         now = self._clock()
         nodes = [self._overlay(node) for node in self._slurm.nodes()]
-        jobs = self._slurm.jobs()
+        if jobs is None:
+            jobs = self._slurm.jobs()
         utils = self._store.mean_util_by_node(now - self.config.window_s)
         self._remember_islands(nodes)
         linger, grace = self.config.model_linger_s, self.config.model_unlist_grace_s

@@ -11,6 +11,9 @@ import pytest
 
 from slurm_aigc.db import open_database
 from slurm_aigc.errors import SlurmCommandError
+from slurm_aigc.reclaim.config import ReclaimConfig
+from slurm_aigc.reclaim.controller import Controller
+from slurm_aigc.reclaim.store import ReclaimStore
 from slurm_aigc.slurm import CommandResult, JobInfo, NodeInfo, SlurmCli, job_from_json, node_from_json
 from slurm_aigc.telemetry import features as feat
 from slurm_aigc.telemetry.config import ScoringConfig
@@ -74,7 +77,7 @@ def _job(job_id: str, state: str, detail: list[tuple[str, str]]) -> JobInfo:
 
 def test_job_gres_per_node_and_node_allocations() -> None:
     job = _job("7", "RUNNING", [("a100-01", "gpu:a100:2(IDX:0-1)"), ("a100-02", "gpu:a100:1(IDX:5)")])
-    assert (job_gpu_indices(job, "a100-01"), job_gpu_indices(job, "a100-02")) == ({0, 1}, {5})
+    assert (job_gpu_indices(job, "a100-01"), job_gpu_indices(job, "a100-02")) == (frozenset({0, 1}), frozenset({5}))
     assert gres_indices("shard:8(8/16,0/16,3/16)") == {0, 2}  # Slurm 24.11's used/total per GPU
     others = [_job("8", "RUNNING", [("a100-02", "shard:a100:10(IDX:3)")]),
               _job("9", "PENDING", [("a100-02", "gpu:a100:1(IDX:6)")])]
@@ -383,3 +386,31 @@ def test_one_failing_node_does_not_starve_the_others(store: TelemetryStore) -> N
         publisher.tick()
     assert "nvfree8" in slurm.nodes["a100-02"].features
     assert [p.node for p in store.publications()] == ["a100-02"]
+
+
+def test_a_cycle_given_a_job_listing_lists_no_jobs_and_plans_from_it(store: TelemetryStore) -> None:
+    slurm = FakeSlurm([FakeNode("a100-01", features=["a100", "nvlink8"])])  # Slurm itself lists no job
+    served = job_from_json(FakeJob("5", "a100-01", comment="aigc:class=infer,model=sdxl").record(False))
+    publisher = Publisher(SlurmCli(runner=slurm), store, ScoringConfig(), dry_run=True)
+    plans = publisher.tick([served])
+    assert [c for c in slurm.calls if "--version" not in c] == [["sinfo", "--json"]]
+    assert "model_sdxl" in (plans[0].features_after or ())
+
+
+def test_controller_and_publisher_together_list_the_jobs_once_per_tick(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    slurm = FakeSlurm([FakeNode("a100-01", features=["a100", "nvlink8"])],
+                      [FakeJob("5", "a100-01", comment="aigc:class=infer,model=sdxl")])
+    cli = SlurmCli(runner=slurm)
+    publisher = Publisher(cli, TelemetryStore(open_database(url)), ScoringConfig(), dry_run=True)
+    controller = Controller(cli, ReclaimStore(open_database(url)), ReclaimConfig(dry_run=True),
+                            publisher_tick=publisher.tick)
+    controller.tick()
+    assert [c for c in slurm.calls if "--version" not in c] == [["squeue", "--json"], ["sinfo", "--json"]]
+    assert "model_sdxl" in store_features(url, "a100-01")
+
+
+def store_features(url: str, node: str) -> tuple[str, ...]:
+    """The features the (dry-run) publisher recorded for `node` last."""
+    records = TelemetryStore(open_database(url)).publications(node)
+    return records[-1].features_after or () if records else ()

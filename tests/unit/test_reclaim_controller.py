@@ -143,10 +143,10 @@ def test_stale_samples_mean_no_action(db_url: str) -> None:
 def test_slurmctld_down_fails_the_tick_but_publisher_still_runs(db_url: str) -> None:
     fake = FakeSlurm(jobs={"7": FakeJob("7")}, down=True)
     published: list[bool] = []
-    controller, _ = make(db_url, fake, START + 200.0, publisher_tick=lambda: published.append(True))
+    controller, _ = make(db_url, fake, START + 200.0, publisher_tick=lambda jobs: published.append(jobs is None))
     with pytest.raises(SlurmCommandError):
         controller.tick()
-    assert published == [True]
+    assert published == [True]  # no listing to hand on: the publisher lists the jobs itself
 
 
 def test_database_down_means_no_action(db_url: str) -> None:
@@ -236,3 +236,58 @@ def test_dry_run_leaves_a_half_done_shrink_alone(db_url: str) -> None:
     live, _ = make(db_url, fake, START + 200.0)
     [settled] = live.tick().reconciled
     assert settled.state == "done" and (fake.jobs["7"].gpus, fake.jobs["7"].priority) == (1, 100)
+
+
+def test_a_tick_lists_the_jobs_once_and_hands_every_job_to_the_publisher(db_url: str) -> None:
+    fake = FakeSlurm(jobs={"7": FakeJob("7"), "8": FakeJob("8", state="PENDING"), "9": FakeJob("9")})
+    add_samples(db_url, "7", 1, START + 200.0, busy_gpus=1)
+    handed: list[list[str]] = []
+    controller, clock = make(db_url, fake, START + 200.0, only_jobs=frozenset({"7"}),
+                             publisher_tick=lambda jobs: handed.append(sorted(j.job_id for j in jobs or [])))
+    controller.tick()
+    clock.now += 10.0
+    controller.tick()
+    assert handed == [["7", "8", "9"]] * 2  # the whole listing, not reclaim's filtered view
+    assert fake.calls.count(["squeue", "--json"]) == 2
+
+
+SHARD_CONFIG = ReclaimConfig(dry_run=False, poll_interval_s=10.0, cooldown_s=30.0, defaults=POLICY,
+                             shards_per_gpu={"a100": 80}, gib_per_shard={"a100": 1.0})
+
+
+def node_listings(fake: FakeSlurm) -> int:
+    return fake.calls.count(["sinfo", "--json"])
+
+
+def test_the_node_inventory_is_kept_between_ticks_and_refreshed_rarely(db_url: str) -> None:
+    fake = FakeSlurm(jobs={"1": FakeJob("1", shards=20, admin_comment="aigc_class=infer")},
+                     node_gres={"a100-01": "gpu:a100:1(S:0),shard:a100:80(S:0)"})
+    add_samples(db_url, "1", 1, START + 3000.0, busy_gpus=1, start=START + 200.0)  # past one refresh
+    controller, clock = make(db_url, fake, START + 200.0, config=SHARD_CONFIG)
+    for _ in range(3):
+        controller.tick()
+        clock.now += 10.0
+    assert (fake.calls.count(["squeue", "--json"]), node_listings(fake)) == (3, 1)
+    assert {v.job.job_id: v.facts.shard_gpus for v in controller.assess().views} == {"1": 0.25}
+    assert node_listings(fake) == 1
+    clock.now += Controller.NODE_REFRESH_S
+    controller.tick()
+    assert node_listings(fake) == 2  # old enough: re-read
+
+
+def test_a_shard_job_on_an_unknown_node_rereads_the_nodes_once(db_url: str) -> None:
+    fake = FakeSlurm(jobs={"1": FakeJob("1", shards=20, admin_comment="aigc_class=infer")},
+                     node_gres={"a100-01": "gpu:a100:1(S:0),shard:a100:80(S:0)"})
+    add_samples(db_url, "1", 1, START + 260.0, busy_gpus=1, start=START + 200.0)
+    controller, clock = make(db_url, fake, START + 200.0, config=SHARD_CONFIG)
+    controller.tick()
+    fake.jobs["2"] = FakeJob("2", shards=10, node="a100-09", admin_comment="aigc_class=infer")  # not listed
+    fake.node_gres["a100-07"] = "gpu:a100:1(S:0),shard:a100:80(S:0)"  # added, no job on it yet
+    for _ in range(3):
+        clock.now += 10.0
+        controller.tick()
+    assert node_listings(fake) == 2  # one for a100-09; still unlisted afterwards, it costs no more
+    controller.set_config(SHARD_CONFIG)  # SIGHUP: an admin may have changed slurm.conf
+    clock.now += 10.0
+    controller.tick()
+    assert node_listings(fake) == 3
