@@ -15,7 +15,7 @@ from ClusterShell.NodeSet import NodeSet
 
 from slurm_aigc.reclaim.config import UNCLASSIFIED
 from slurm_aigc.reclaim.ladder import JobFacts, job_class_of, opted_out
-from slurm_aigc.slurm import JobInfo
+from slurm_aigc.slurmrecords import JobInfo
 from slurm_aigc.tags import trusted_tags
 
 _ALLOC_GPU_RE = re.compile(r"(?:^|,)gres/gpu=(\d+)")

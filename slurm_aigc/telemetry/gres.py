@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 
 from ClusterShell.NodeSet import NodeSet, NodeSetParseError
 
-from slurm_aigc.slurm import JobInfo
+from slurm_aigc.slurmrecords import JobInfo
 
 LOG = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from slurm_aigc.slurm import JobInfo, NodeInfo
+from slurm_aigc.slurmrecords import JobInfo, NodeInfo
 from slurm_aigc.tags import UNKNOWN_CLASS, comment_tags, trusted_class
 from slurm_aigc.telemetry import features as feat
 from slurm_aigc.telemetry.config import ScoringConfig
