@@ -46,7 +46,7 @@ def _controller(config_file: str | None, db_url: str | None, dry_run: bool | Non
     dry = config.dry_run if dry_run is None else dry_run
     hooks = load_publisher(slurm, db_url, config_file, dry) if publisher else None
     controller = Controller(slurm, ReclaimStore(factory), config, dry_run=dry, publisher_tick=hooks.tick if hooks else None,
-                            only_jobs=frozenset(jobs) if jobs else None)
+                            only_jobs=frozenset(jobs) if jobs else None, nodes_seen=hooks.nodes_seen if hooks else None)
     return controller, hooks
 
 

@@ -7,9 +7,10 @@ left open (by a killed controller, or a shrink whose job is not PENDING yet) are
 before each tick's actions; in dry-run that only reports, once, and changes nothing.
 
 slurmctld reads per tick (issue 11.5's budget): one job listing, handed on to the publisher
-(it lists no jobs of its own); the node listing behind the shards-per-GPU inventory is kept
-between ticks and re-read every `NODE_REFRESH_S`, on SIGHUP, or when a shard job runs on a
-node it does not know.
+(it lists no jobs of its own). The shards-per-GPU inventory comes from the publisher's node
+listing of its last cycle (`nodes_seen`) when there is a new one; otherwise the controller
+keeps it between ticks and lists the nodes itself at start, every `NODE_REFRESH_S`, after
+SIGHUP, or when a shard job runs on a node it does not know.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ from slurm_aigc.reclaim.ladder import (
 from slurm_aigc.reclaim.memguard import judge_memory
 from slurm_aigc.reclaim.store import ReclaimStore, SampleRow
 from slurm_aigc.reclaim.tracker import StretchTracker
-from slurm_aigc.slurm import JobInfo, SlurmCli
+from slurm_aigc.slurm import JobInfo, NodeInfo, SlurmCli
 
 LOG = logging.getLogger(__name__)
 
@@ -139,6 +140,7 @@ class Controller:
         actuator: Actuator | None = None,
         publisher_tick: Callable[[Sequence[JobInfo] | None], object] | None = None,
         only_jobs: frozenset[str] | None = None,
+        nodes_seen: Callable[[], Sequence[NodeInfo] | None] | None = None,
     ) -> None:
         self._slurm = slurm
         self._store = store
@@ -158,6 +160,9 @@ class Controller:
         # GPU type by node name ('' when untyped or not listed) and when it was read.
         self._gpu_types: dict[str, str] | None = None
         self._gpu_types_at = -math.inf
+        # The publisher's latest node listing, and the one last taken from it (by identity).
+        self._nodes_seen = nodes_seen
+        self._seen_used: Sequence[NodeInfo] | None = None
 
     def set_config(self, config: ReclaimConfig) -> None:
         """Use a new, already validated config from the next tick on (SIGHUP)."""
@@ -226,16 +231,25 @@ class Controller:
         return shards, gib
 
     def _node_gpu_types(self, wanted: set[str]) -> dict[str, str]:
-        """GPU type by node, re-listed when older than NODE_REFRESH_S or a `wanted` node is unknown.
+        """GPU type by node: from the publisher's newest listing, else kept, else listed here.
 
-        A node missing from the listing counts as untyped (no shards known) until the next
-        refresh, so that it does not cost a listing every tick.
+        Listed here when no listing is known yet, when the one kept is older than
+        NODE_REFRESH_S, or when a `wanted` node is missing from it. A node missing from a
+        listing counts as untyped (no shards known) until the next one, so that it does not
+        cost a listing every tick.
         """
         now = self._clock()
+        seen = self._nodes_seen() if self._nodes_seen is not None else None
+        if seen is not None and seen is not self._seen_used:  # listed since by the publisher: free
+            self._seen_used = seen
+            self._keep_gpu_types(seen, wanted, now)
         cached = self._gpu_types
         if cached is not None and now - self._gpu_types_at < self.NODE_REFRESH_S and wanted <= cached.keys():
             return cached
-        types = {node.name: _gpu_type_of(node.gres) for node in self._slurm.nodes()}
+        return self._keep_gpu_types(self._slurm.nodes(), wanted, now)
+
+    def _keep_gpu_types(self, nodes: Sequence[NodeInfo], wanted: set[str], now: float) -> dict[str, str]:
+        types = {node.name: _gpu_type_of(node.gres) for node in nodes}
         types.update({name: "" for name in wanted if name not in types})
         self._gpu_types, self._gpu_types_at = types, now
         return types
@@ -318,10 +332,12 @@ class Controller:
 
 @dataclass(frozen=True)
 class PublisherHooks:
-    """The telemetry publisher as the controller drives it: a tick and a config reload."""
+    """The telemetry publisher as the controller drives it: a tick, a config reload, and its
+    latest node listing (the controller's shards-per-GPU inventory reads it: no listing of its own)."""
 
     tick: Callable[[Sequence[JobInfo] | None], object]
     reload: Callable[[], None]
+    nodes_seen: Callable[[], Sequence[NodeInfo] | None]
 
 
 def load_publisher(slurm: SlurmCli, db_url: str | None, config_file: str | None, dry_run: bool) -> PublisherHooks | None:
@@ -338,7 +354,7 @@ def load_publisher(slurm: SlurmCli, db_url: str | None, config_file: str | None,
         publisher.set_config(load_scoring_config(config_file))
 
     # Our loop runs at reclaim.poll_interval_s; the publisher keeps its own scoring.interval_s.
-    return PublisherHooks(publisher.tick_when_due, reload)
+    return PublisherHooks(publisher.tick_when_due, reload, lambda: publisher.last_nodes)
 
 
 def summary(views: Sequence[JobView]) -> Mapping[str, int]:

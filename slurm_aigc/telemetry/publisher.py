@@ -105,6 +105,9 @@ class Publisher:
         self._listed: dict[str, frozenset[str]] = {}
         self._sightings: ModelSightings = {}
         self._static_seen: dict[str, tuple[str, ...]] = {}
+        # The last cycle's node listing as Slurm gave it (a new tuple each cycle): the reclaim
+        # controller takes its shards-per-GPU inventory from it instead of listing again.
+        self.last_nodes: tuple[NodeInfo, ...] | None = None
 
     def set_config(self, config: ScoringConfig) -> None:
         """Use a new (already validated) scoring config from the next cycle on (SIGHUP)."""
@@ -127,7 +130,8 @@ class Publisher:
         if self._last_weights is None:
             self._last_weights = {} if self._dry_run else self._store.last_published_weights()
         now = self._clock()
-        nodes = [self._overlay(node) for node in self._slurm.nodes()]
+        self.last_nodes = tuple(self._slurm.nodes())
+        nodes = [self._overlay(node) for node in self.last_nodes]
         if jobs is None:
             jobs = self._slurm.jobs()
         utils = self._store.mean_util_by_node(now - self.config.window_s)

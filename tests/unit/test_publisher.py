@@ -397,6 +397,18 @@ def test_a_cycle_given_a_job_listing_lists_no_jobs_and_plans_from_it(store: Tele
     assert "model_sdxl" in (plans[0].features_after or ())
 
 
+def test_a_cycle_keeps_its_node_listing_for_the_controller(store: TelemetryStore) -> None:
+    slurm = FakeSlurm([FakeNode("a100-01", features=["a100", "nvlink8"]), FakeNode("t4-01", gres="gpu:t4:4")])
+    publisher = Publisher(SlurmCli(runner=slurm), store, ScoringConfig(), dry_run=True)
+    assert publisher.last_nodes is None
+    publisher.tick()
+    first = publisher.last_nodes
+    assert first is not None and [(n.name, n.gres) for n in first] == [("a100-01", "gpu:a100:8,shard:a100:640"),
+                                                                        ("t4-01", "gpu:t4:4")]
+    publisher.tick()
+    assert publisher.last_nodes is not first  # a new listing: the controller tells them apart by identity
+
+
 def test_controller_and_publisher_together_list_the_jobs_once_per_tick(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'state.db'}"
     slurm = FakeSlurm([FakeNode("a100-01", features=["a100", "nvlink8"])],

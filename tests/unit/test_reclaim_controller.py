@@ -19,7 +19,7 @@ from slurm_aigc.reclaim.controller import Controller, StaleSamplesError, _node_n
 from slurm_aigc.reclaim.fakes import FakeJob, FakeSlurm
 from slurm_aigc.reclaim.ladder import PlannedAction
 from slurm_aigc.reclaim.store import ReclaimStore
-from slurm_aigc.slurm import SlurmCli
+from slurm_aigc.slurm import NodeInfo, SlurmCli
 
 START = datetime.fromisoformat("2026-01-01T00:00:00").timestamp()
 POLICY = ClassPolicy(grace_s=10.0, window_s=60.0, min_samples=3)
@@ -296,3 +296,28 @@ def test_a_shard_job_on_an_unknown_node_rereads_the_nodes_once(db_url: str) -> N
 def test_node_names_of_a_job_plain_or_ranged() -> None:
     assert _node_names("a100-01") == ["a100-01"] and _node_names("") == []
     assert _node_names("a100-[01-02],t4-01") == ["a100-01", "a100-02", "t4-01"]
+
+
+def test_the_inventory_is_taken_from_the_publishers_newest_node_listing(db_url: str) -> None:
+    fake = FakeSlurm(jobs={"1": FakeJob("1", shards=20, admin_comment="aigc_class=infer")},
+                     node_gres={"a100-01": "gpu:a100:1(S:0),shard:a100:80(S:0)"})
+    add_samples(db_url, "1", 1, START + 3000.0, busy_gpus=1, start=START + 200.0)
+    publisher_listing: list[tuple[NodeInfo, ...] | None] = [None]
+    controller, clock = make(db_url, fake, START + 200.0, config=SHARD_CONFIG, nodes_seen=lambda: publisher_listing[0])
+    controller.tick()
+    assert node_listings(fake) == 1  # no publisher cycle yet: its own listing
+    for _ in range(2):
+        clock.now += Controller.NODE_REFRESH_S
+        publisher_listing[0] = tuple(SlurmCli(runner=fake).nodes())  # a publisher cycle
+        controller.tick()
+    assert node_listings(fake) == 3  # the publisher's two, none more
+    fake.node_gres["a100-01"] = "gpu:h100:1(S:0),shard:h100:80(S:0)"  # no h100 in the inventory
+    publisher_listing[0] = tuple(SlurmCli(runner=fake).nodes())
+    clock.now += 10.0
+    assert {v.job.job_id: v.facts.shard_gpus for v in controller.assess().views} == {"1": 0.0}
+    assert node_listings(fake) == 4
+
+
+def test_the_daemon_wires_the_publishers_node_listing_into_reclaim(db_url: str) -> None:
+    controller, hooks = cli._controller(None, db_url, True, True)
+    assert hooks is not None and controller._nodes_seen is hooks.nodes_seen and hooks.nodes_seen() is None
