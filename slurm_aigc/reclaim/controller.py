@@ -7,7 +7,7 @@ left open (by a killed controller, or a shrink whose job is not PENDING yet) are
 before each tick's actions; in dry-run that only reports, once, and changes nothing.
 
 slurmctld reads per tick (issue 11.5's budget): one job listing, handed on to the publisher
-(it lists no jobs of its own). The shards-per-GPU inventory comes from the publisher's node
+(it lists no jobs of its own), with the node listing when the tick made one. The shards-per-GPU inventory comes from the publisher's node
 listing of its last cycle (`nodes_seen`) when there is a new one; otherwise the controller
 keeps it between ticks and lists the nodes itself at start, every `NODE_REFRESH_S`, after
 SIGHUP, or when a shard job runs on a node it does not know.
@@ -59,6 +59,10 @@ from slurm_aigc.reclaim.tracker import StretchTracker
 from slurm_aigc.slurm import JobInfo, NodeInfo, SlurmCli
 
 LOG = logging.getLogger(__name__)
+
+
+# The publisher's cycle, given the tick's job listing and node listing (None: not listed this tick).
+PublisherTick = Callable[[Sequence[JobInfo] | None, Sequence[NodeInfo] | None], object]
 
 
 class StaleSamplesError(AigcError):
@@ -138,7 +142,7 @@ class Controller:
         dry_run: bool | None = None,
         clock: Callable[[], float] = time.time,
         actuator: Actuator | None = None,
-        publisher_tick: Callable[[Sequence[JobInfo] | None], object] | None = None,
+        publisher_tick: PublisherTick | None = None,
         only_jobs: frozenset[str] | None = None,
         nodes_seen: Callable[[], Sequence[NodeInfo] | None] | None = None,
     ) -> None:
@@ -157,6 +161,7 @@ class Controller:
         self._shared_jobs: set[str] = set()
         # This tick's job listing (every job, every state), for the publisher; None if not listed.
         self._listing: list[JobInfo] | None = None
+        self._nodes_listed: tuple[NodeInfo, ...] | None = None  # this tick's own node listing, likewise
         # GPU type by node name ('' when untyped or not listed) and when it was read.
         self._gpu_types: dict[str, str] | None = None
         self._gpu_types_at = -math.inf
@@ -194,15 +199,15 @@ class Controller:
         """One cycle: reclaim, then the publisher; the first error is raised after both ran.
 
         The publisher gets reclaim's job listing of this tick (None when reclaim failed before
-        listing: it then lists the jobs itself).
+        listing: it then lists the jobs itself), and its node listing if it made one.
         """
         errors: list[Exception] = []
-        self._listing = None
+        self._listing = self._nodes_listed = None
         report = self._guard(self._reclaim_tick, errors)
         publish = self._publisher_tick
         if publish is not None:
-            listing = self._listing
-            self._guard(lambda: publish(listing), errors)
+            listing, nodes = self._listing, self._nodes_listed
+            self._guard(lambda: publish(listing, nodes), errors)
         if errors:
             raise errors[0]
         assert isinstance(report, TickReport)
@@ -246,7 +251,8 @@ class Controller:
         cached = self._gpu_types
         if cached is not None and now - self._gpu_types_at < self.NODE_REFRESH_S and wanted <= cached.keys():
             return cached
-        return self._keep_gpu_types(self._slurm.nodes(), wanted, now)
+        self._nodes_listed = tuple(self._slurm.nodes())
+        return self._keep_gpu_types(self._nodes_listed, wanted, now)
 
     def _keep_gpu_types(self, nodes: Sequence[NodeInfo], wanted: set[str], now: float) -> dict[str, str]:
         types = {node.name: _gpu_type_of(node.gres) for node in nodes}
@@ -335,7 +341,7 @@ class PublisherHooks:
     """The telemetry publisher as the controller drives it: a tick, a config reload, and its
     latest node listing (the controller's shards-per-GPU inventory reads it: no listing of its own)."""
 
-    tick: Callable[[Sequence[JobInfo] | None], object]
+    tick: PublisherTick
     reload: Callable[[], None]
     nodes_seen: Callable[[], Sequence[NodeInfo] | None]
 

@@ -15,8 +15,8 @@ Each cycle (`Publisher.tick`, run by `slurm-aigc controller`):
 
 Features are merged into what Slurm reports just before the writes (one more node listing
 in a cycle that changes features, never one per node), so an admin's own features and the
-agent's static ones are never dropped. slurmctld RPCs per cycle: two listings (one when the
-controller passes its job listing), one more when features change, plus one `scontrol update` per node whose features or weight change.
+agent's static ones are never dropped. slurmctld RPCs per cycle: two listings (fewer when the
+controller passes its listings of the same tick), one more when features change, plus one `scontrol update` per node whose features or weight change.
 """
 
 from __future__ import annotations
@@ -113,24 +113,25 @@ class Publisher:
         """Use a new (already validated) scoring config from the next cycle on (SIGHUP)."""
         self.config = config
 
-    def tick_when_due(self, jobs: Sequence[JobInfo] | None = None) -> list[NodePlan]:
-        """`tick(jobs)` at most once per `scoring.interval_s`: for hosts whose loop runs faster."""
+    def tick_when_due(self, jobs: Sequence[JobInfo] | None = None,
+                      nodes: Sequence[NodeInfo] | None = None) -> list[NodePlan]:
+        """`tick(jobs, nodes)` at most once per `scoring.interval_s`: for hosts whose loop runs faster."""
         now = self._monotonic()
         if self._last_cycle_at is not None and now - self._last_cycle_at < self.config.interval_s:
             return []
         self._last_cycle_at = now
-        return self.tick(jobs)
+        return self.tick(jobs, nodes)
 
-    def tick(self, jobs: Sequence[JobInfo] | None = None) -> list[NodePlan]:
+    def tick(self, jobs: Sequence[JobInfo] | None = None, nodes: Sequence[NodeInfo] | None = None) -> list[NodePlan]:
         """One cycle; returns the plans it applied (or, in dry-run, would have applied).
 
-        `jobs`: a fresh listing of every job (the controller's, taken this tick), so that the
-        cycle does not list them again; None: list them here.
+        `jobs`, `nodes`: fresh listings of every job and node (the controller's, taken this
+        tick), so that the cycle does not list them again; None: list them here.
         """
         if self._last_weights is None:
             self._last_weights = {} if self._dry_run else self._store.last_published_weights()
         now = self._clock()
-        self.last_nodes = tuple(self._slurm.nodes())
+        self.last_nodes = tuple(self._slurm.nodes() if nodes is None else nodes)
         nodes = [self._overlay(node) for node in self.last_nodes]
         if jobs is None:
             jobs = self._slurm.jobs()

@@ -397,6 +397,16 @@ def test_a_cycle_given_a_job_listing_lists_no_jobs_and_plans_from_it(store: Tele
     assert "model_sdxl" in (plans[0].features_after or ())
 
 
+def test_a_cycle_given_both_listings_reads_nothing_from_slurm(store: TelemetryStore) -> None:
+    slurm = FakeSlurm([FakeNode("a100-01", features=["a100", "nvlink8"])])
+    nodes = SlurmCli(runner=slurm).nodes()
+    served = job_from_json(FakeJob("5", "a100-01", comment="aigc:class=infer,model=sdxl").record(False))
+    before = len(slurm.calls)
+    plans = Publisher(SlurmCli(runner=slurm), store, ScoringConfig(), dry_run=True).tick([served], nodes)
+    assert [c for c in slurm.calls[before:] if "--version" not in c] == []
+    assert "model_sdxl" in (plans[0].features_after or ())
+
+
 def test_a_cycle_keeps_its_node_listing_for_the_controller(store: TelemetryStore) -> None:
     slurm = FakeSlurm([FakeNode("a100-01", features=["a100", "nvlink8"]), FakeNode("t4-01", gres="gpu:t4:4")])
     publisher = Publisher(SlurmCli(runner=slurm), store, ScoringConfig(), dry_run=True)

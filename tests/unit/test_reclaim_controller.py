@@ -143,7 +143,7 @@ def test_stale_samples_mean_no_action(db_url: str) -> None:
 def test_slurmctld_down_fails_the_tick_but_publisher_still_runs(db_url: str) -> None:
     fake = FakeSlurm(jobs={"7": FakeJob("7")}, down=True)
     published: list[bool] = []
-    controller, _ = make(db_url, fake, START + 200.0, publisher_tick=lambda jobs: published.append(jobs is None))
+    controller, _ = make(db_url, fake, START + 200.0, publisher_tick=lambda jobs, _nodes: published.append(jobs is None))
     with pytest.raises(SlurmCommandError):
         controller.tick()
     assert published == [True]  # no listing to hand on: the publisher lists the jobs itself
@@ -243,7 +243,7 @@ def test_a_tick_lists_the_jobs_once_and_hands_every_job_to_the_publisher(db_url:
     add_samples(db_url, "7", 1, START + 200.0, busy_gpus=1)
     handed: list[list[str]] = []
     controller, clock = make(db_url, fake, START + 200.0, only_jobs=frozenset({"7"}),
-                             publisher_tick=lambda jobs: handed.append(sorted(j.job_id for j in jobs or [])))
+                             publisher_tick=lambda jobs, _nodes: handed.append(sorted(j.job_id for j in jobs or [])))
     controller.tick()
     clock.now += 10.0
     controller.tick()
@@ -321,3 +321,17 @@ def test_the_inventory_is_taken_from_the_publishers_newest_node_listing(db_url: 
 def test_the_daemon_wires_the_publishers_node_listing_into_reclaim(db_url: str) -> None:
     controller, hooks = cli._controller(None, db_url, True, True)
     assert hooks is not None and controller._nodes_seen is hooks.nodes_seen and hooks.nodes_seen() is None
+
+
+def test_a_tick_that_lists_the_nodes_hands_that_listing_to_the_publisher_too(db_url: str) -> None:
+    fake = FakeSlurm(jobs={"1": FakeJob("1", shards=20, admin_comment="aigc_class=infer")},
+                     node_gres={"a100-01": "gpu:a100:1(S:0),shard:a100:80(S:0)"})
+    add_samples(db_url, "1", 1, START + 260.0, busy_gpus=1, start=START + 200.0)
+    handed: list[list[str] | None] = []
+    controller, clock = make(db_url, fake, START + 200.0, config=SHARD_CONFIG,
+                             publisher_tick=lambda _jobs, nodes: handed.append(None if nodes is None else [n.name for n in nodes]))
+    controller.tick()
+    clock.now += 10.0
+    controller.tick()
+    assert handed == [["a100-01"], None]  # first tick: reclaim's own listing; then kept, none made
+    assert node_listings(fake) == 1
