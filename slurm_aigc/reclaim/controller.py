@@ -7,10 +7,11 @@ left open (by a killed controller, or a shrink whose job is not PENDING yet) are
 before each tick's actions; in dry-run that only reports, once, and changes nothing.
 
 slurmctld reads per tick (issue 11.5's budget): one job listing, handed on to the publisher
-(it lists no jobs of its own), with the node listing when the tick made one. The shards-per-GPU inventory comes from the publisher's node
-listing of its last cycle (`nodes_seen`) when there is a new one; otherwise the controller
-keeps it between ticks and lists the nodes itself at start, every `NODE_REFRESH_S`, after
-SIGHUP, or when a shard job runs on a node it does not know.
+(it lists no jobs of its own), with the node listing when the tick made one. The
+shards-per-GPU inventory comes from the publisher's node listing of its last cycle
+(`nodes_seen`) when there is a new one; otherwise the controller keeps it between ticks and
+lists the nodes itself at start, every `NODE_REFRESH_S`, after SIGHUP, or when a shard job
+runs on a node it does not know.
 """
 
 from __future__ import annotations

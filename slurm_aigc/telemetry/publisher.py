@@ -3,7 +3,8 @@
 Each cycle (`Publisher.tick`, run by `slurm-aigc controller`):
 
 1. read the nodes (one listing: `SlurmCli.nodes()`, with `GresUsed`), the jobs (one listing:
-   `SlurmCli.jobs()`, or the one the caller passes: the controller hands on its tick's) and the mean GPU utilization of every node over the recent samples;
+   `SlurmCli.jobs()`) and the mean GPU utilization of every node over the recent samples;
+   the controller hands on its tick's job listing, and its node listing when it made one;
 2. compute per node, in the pure planner (`publish_plan.plan_cycle`), a Slurm `Weight` from
    the scoring plugins and the dynamic features `nvfree<k>` and `model_<id>` (names in
    `features.py`), and put back the agents' static features Slurm lost (`remember_static`);
@@ -16,7 +17,8 @@ Each cycle (`Publisher.tick`, run by `slurm-aigc controller`):
 Features are merged into what Slurm reports just before the writes (one more node listing
 in a cycle that changes features, never one per node), so an admin's own features and the
 agent's static ones are never dropped. slurmctld RPCs per cycle: two listings (fewer when the
-controller passes its listings of the same tick), one more when features change, plus one `scontrol update` per node whose features or weight change.
+controller passes its listings of the same tick), one more when features change, plus one
+`scontrol update` per node whose features or weight change.
 """
 
 from __future__ import annotations
