@@ -131,9 +131,13 @@ def check_sacct(cluster: ClusterHandle, since: datetime, jobs: dict[str, tuple[s
         # Job ids restart after `cluster down --purge`: older jobs of the same id are not ours.
         records = [r for r in rows if isinstance(r, JobRecord) and (r.submit_ts or 0) >= since.timestamp()]
         done = all(isinstance(r, JobRecord) for r in rows) and {r.job_id for r in records} == {*jobs, victim}
-        return records if done and all(r.end_ts is not None and r.state in TERMINAL_STATES for r in records) else None
+        final = all(r.end_ts is not None and r.state in TERMINAL_STATES for r in records)
+        # slurmdbd applies a job's start and end records asynchronously; on 22.05 with PrologFlags=Alloc
+        # a job that started can read back as name `allocation` for a moment: wait for the final name.
+        settled = all(r.name == jobs[r.job_id][0][:255] for r in records if r.job_id in jobs)
+        return records if done and final and settled else None
 
-    records = wait_for(ended, 60, "the cancelled jobs in sacct")
+    records = wait_for(ended, 60, "the cancelled jobs in sacct, with their true names")
     assert sorted(r.job_id for r in records) == sorted({*jobs, victim})  # no record added, none lost
     for record in records:
         want_user, want_name = ("aigc-bob", None) if record.job_id == victim else ("aigc-alice", jobs[record.job_id][0])
