@@ -30,7 +30,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from slurm_aigc.db import open_database  # noqa: E402
 from slurm_aigc.slurm import CommandResult, SlurmCli  # noqa: E402
-from slurm_aigc.telemetry import fakes  # noqa: E402
 from slurm_aigc.telemetry.agent import Agent  # noqa: E402
 from slurm_aigc.telemetry.attribution import job_gpu_usage  # noqa: E402
 from slurm_aigc.telemetry.config import AgentConfig, ScoringConfig  # noqa: E402
@@ -49,6 +48,7 @@ from slurm_aigc.telemetry.simgpu import (  # noqa: E402
 )
 from slurm_aigc.telemetry.store import TelemetryStore  # noqa: E402
 from slurm_aigc.telemetry.topology import parse_topo_matrix  # noqa: E402
+from tests.fakes import nvml as fakes  # noqa: E402
 
 MIB = 1024 * 1024
 

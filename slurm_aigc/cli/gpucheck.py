@@ -208,14 +208,13 @@ def _num(value: float | None) -> str:
 @click.option("--load/--no-load", "with_load", default=None, help="Run the PyTorch load (default: when torch is installed).")
 @click.option("--load-seconds", type=click.FloatRange(1, 600), default=20.0, show_default=True,
               help="How long the load runs (and how long the agent may take to see it).")
-@click.option("--fake-nvml", default=None, hidden=True, help="Tests: read this named fake machine instead of NVML.")
-def gpu_check(with_load: bool | None, load_seconds: float, fake_nvml: str | None) -> None:
+def gpu_check(with_load: bool | None, load_seconds: float) -> None:
     """Check the agent's NVML view of this machine against nvidia-smi (exit 1 on any mismatch)."""
     torch_present = importlib.util.find_spec("torch") is not None
     if with_load and not torch_present:
         raise click.UsageError("--load needs PyTorch (pip install torch)")
     use_load = torch_present if with_load is None else with_load
-    backend = NvmlBackend(os.uname().nodename, nvml=_fake_nvml(fake_nvml) if fake_nvml else None)
+    backend = NvmlBackend(os.uname().nodename)
     try:
         result = run_check(backend, run_nvidia_smi, start_torch_load if use_load else None, load_seconds)
     finally:
@@ -224,11 +223,3 @@ def gpu_check(with_load: bool | None, load_seconds: float, fake_nvml: str | None
     if result.mismatches:
         raise click.ClickException(f"{len(result.mismatches)} mismatch(es) between the agent and nvidia-smi")
 
-
-def _fake_nvml(name: str) -> Any:
-    from slurm_aigc.telemetry import fakes
-
-    machine = getattr(fakes, name, None)
-    if name.startswith("_") or not callable(machine):
-        raise click.BadParameter(f"no fake machine {name!r} in slurm_aigc.telemetry.fakes", param_hint="--fake-nvml")
-    return fakes.FakeNvml(machine())

@@ -8,7 +8,7 @@ once); any other NVML error while reading a GPU turns that GPU's record into
 driver is `NvmlUnavailableError` at start-up, never a per-poll error.
 
 The `pynvml` module is a constructor argument so tests drive this code with
-`slurm_aigc.telemetry.fakes.FakeNvml`, which raises the real `pynvml.NVMLError` classes.
+`FakeNvml` of tests/fakes/nvml.py, which raises the real `pynvml.NVMLError` classes.
 """
 
 from __future__ import annotations

@@ -24,7 +24,6 @@ from slurm_aigc.db import (
 from slurm_aigc.errors import ConfigError
 from slurm_aigc.policy.paths import shipped_policy
 from slurm_aigc.slurm import SlurmCli
-from slurm_aigc.telemetry import fakes
 from slurm_aigc.telemetry.agent import Agent, static_features
 from slurm_aigc.telemetry.attribution import job_gpu_usage
 from slurm_aigc.telemetry.config import (
@@ -36,6 +35,7 @@ from slurm_aigc.telemetry.simgpu import sim_gpus, sim_topology_text, write_inven
 from slurm_aigc.telemetry.store import TelemetryStore
 from slurm_aigc.telemetry.topology import parse_topo_matrix
 from slurm_aigc.validation import Node
+from tests.fakes import nvml as fakes
 from tests.unit.telemetry_fakes import FakeNode, FakeSlurm
 
 FIXED_TS = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)

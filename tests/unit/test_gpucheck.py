@@ -10,13 +10,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
-from slurm_aigc.cli.gpucheck import SMI_QUERY, LoadHandle, parse_smi_query, render, run_check
+from slurm_aigc.cli.gpucheck import SMI_QUERY, LoadHandle, gpu_check, parse_smi_query, render, run_check
 from slurm_aigc.errors import AigcError
-from slurm_aigc.telemetry.fakes import FakeMachine, FakeNvml, dgx_a100, gpu_lost_mid_poll, pcie_l40s_x4
 from slurm_aigc.telemetry.nvml import NvmlBackend
 from slurm_aigc.telemetry.records import GpuReading
 from slurm_aigc.telemetry.simgpu import sim_topology_text
+from tests.fakes.nvml import FakeMachine, FakeNvml, dgx_a100, gpu_lost_mid_poll, pcie_l40s_x4
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -132,7 +133,9 @@ def fake_smi_on_path(tmp_path: Path, machine: FakeMachine, query: str | None = N
     smi.write_text(f'#!/bin/sh\nif [ "$1" = topo ]; then cat {tmp_path}/topo.txt; else cat {tmp_path}/query.txt; fi\n')
     smi.chmod(0o755)
     bin_dir = str(Path(sys.executable).parent)
-    return dict(os.environ, PATH=f"{tmp_path}:{bin_dir}:/usr/bin:/bin", SLURM_AIGC_BIN=f"{bin_dir}/slurm-aigc")
+    # NVML is faked below the backend: the stub `pynvml` serves the named machine (tests/fakes/pynvml_stub).
+    return dict(os.environ, PATH=f"{tmp_path}:{bin_dir}:/usr/bin:/bin", SLURM_AIGC_BIN=f"{bin_dir}/slurm-aigc",
+                PYTHONPATH=f"{REPO / 'tests/fakes/pynvml_stub'}:{REPO}", AIGC_FAKE_NVML_MACHINE=machine.name)
 
 
 def run_script(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -141,14 +144,14 @@ def run_script(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[s
 
 
 def test_script_passes_on_an_agreeing_fake_machine(tmp_path: Path) -> None:
-    done = run_script(fake_smi_on_path(tmp_path, dgx_a100()), "--fake-nvml", "dgx_a100", "--no-load")
+    done = run_script(fake_smi_on_path(tmp_path, dgx_a100()), "--no-load")
     assert done.returncode == 0, done.stderr
     assert "all agree with nvidia-smi" in done.stdout and "note: load: skipped" in done.stdout
 
 
 def test_script_fails_on_a_mismatch(tmp_path: Path) -> None:
     query = smi_query_text(dgx_a100()).replace("NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-40GB", 1)
-    done = run_script(fake_smi_on_path(tmp_path, dgx_a100(), query), "--fake-nvml", "dgx_a100", "--no-load")
+    done = run_script(fake_smi_on_path(tmp_path, dgx_a100(), query), "--no-load")
     assert done.returncode == 1
     assert "MISMATCH: GPU 0: name" in done.stdout and "1 mismatch(es)" in done.stderr
 
@@ -157,3 +160,8 @@ def test_script_without_nvidia_smi_says_so(tmp_path: Path) -> None:
     env = dict(os.environ, PATH="/usr/bin:/bin")
     done = run_script(env)
     assert done.returncode == 2 and "nvidia-smi not found" in done.stderr
+
+
+def test_the_installed_command_has_no_test_switch() -> None:
+    done = CliRunner().invoke(gpu_check, ["--fake-nvml", "dgx_a100", "--no-load"])
+    assert done.exit_code == 2 and "No such option '--fake-nvml'" in done.output

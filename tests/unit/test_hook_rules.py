@@ -19,11 +19,11 @@ from slurm_aigc.policy.hookruntime import (
 from slurm_aigc.policy.loader import parse_policy_text
 from slurm_aigc.policy.paths import shipped_policy
 from slurm_aigc.policy.render import render_hook
-from slurm_aigc.reclaim.fakes import FakeJob
 from slurm_aigc.reclaim.jobs import declared_signal
 from slurm_aigc.slurm import job_from_fields, parse_key_values
 from slurm_aigc.tags import trusted_class, trusted_tags
 from slurm_aigc.telemetry.features import model_feature
+from tests.fakes.reclaim_slurm import FakeJob
 
 ALICE = 1001
 SCRIPT = "#!/bin/bash\nsrun python serve.py\n"

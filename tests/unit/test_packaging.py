@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -107,7 +108,8 @@ def _cannot_build_wheels() -> str | None:
     return None
 
 
-def build_wheel(tmp_path: Path) -> Path:
+def source_copy(tmp_path: Path) -> Path:
+    """What setuptools reads, copied (symlinks kept) to tmp_path/src."""
     tree = tmp_path / "src"
     for name in BUILD_INPUTS:
         source = REPO / name
@@ -116,6 +118,11 @@ def build_wheel(tmp_path: Path) -> Path:
         else:
             tree.mkdir(exist_ok=True)
             shutil.copy2(source, tree / name)
+    return tree
+
+
+def build_wheel(tmp_path: Path) -> Path:
+    tree = source_copy(tmp_path)
     out = tmp_path / "wheelhouse"
     argv = [*PIP, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", "-w", str(out), str(tree)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
@@ -145,6 +152,7 @@ def test_wheel_ships_the_hook_policy_and_units_and_an_install_finds_them(tmp_pat
     with zipfile.ZipFile(wheel) as archive:
         for name in SHIPPED:
             assert archive.read(f"slurm_aigc/data/{name}") == (REPO / name).read_bytes(), name
+        assert code_in_package_for_tests(archive.namelist()) == []
     target = tmp_path / "target"
     argv = [*PIP, "install", "--no-deps", "--no-index", "-q", "--target", str(target), str(wheel)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
@@ -164,3 +172,33 @@ def test_wheel_ships_the_hook_policy_and_units_and_an_install_finds_them(tmp_pat
     assert Path(found["policy"]) == Path(found["files"][POLICY])
     assert Path(found["lua_dir"]).resolve().is_relative_to(installed)
     assert found["rendered"] == render_hook(load_policy(REPO / POLICY)).replace(str(REPO / POLICY), found["policy"])
+
+
+# Fakes of the boundaries and test switches live under tests/ (issue 15.4), never in the package.
+_TEST_ONLY = re.compile(r"(^|/)(fakes|[a-z_]*_fakes|pynvml)\.py$|^tests/")
+
+
+def code_in_package_for_tests(names: list[str]) -> list[str]:
+    """The archive members below the package that are test code (a fake, a stub pynvml)."""
+    return [name for name in names if "slurm_aigc/" in name and _TEST_ONLY.search(name.split("slurm_aigc/", 1)[1])]
+
+
+def test_a_fakes_module_anywhere_in_the_package_counts_as_test_code() -> None:
+    names = ["slurm_aigc/telemetry/fakes.py", "slurm-aigc-1/slurm_aigc/reclaim/fakes.py", "slurm_aigc/tests/x.py",
+             "slurm_aigc/telemetry/nvml.py", "slurm-aigc-1/tests/fakes/nvml.py", "slurm_aigc/report/figures.py"]
+    assert code_in_package_for_tests(names) == names[:3]
+
+
+def test_sdist_package_holds_no_fakes(tmp_path: Path) -> None:
+    reason = _cannot_build_wheels()
+    if reason:
+        pytest.skip(f"cannot build an sdist offline: {reason}")
+    tree, out = source_copy(tmp_path), tmp_path / "dist"
+    build = "import sys; from setuptools import build_meta; print(build_meta.build_sdist(sys.argv[1]))"
+    done = subprocess.run([sys.executable, "-c", build, str(out)], cwd=tree, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    with tarfile.open(out / done.stdout.strip().splitlines()[-1]) as archive:
+        names = archive.getnames()
+    assert any(name.endswith("slurm_aigc/telemetry/nvml.py") for name in names)
+    assert code_in_package_for_tests(names) == []

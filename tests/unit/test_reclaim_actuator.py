@@ -14,10 +14,10 @@ from slurm_aigc.reclaim.actuator import (
     planned_commands,
 )
 from slurm_aigc.reclaim.config import NotifyConfig, ReclaimConfig
-from slurm_aigc.reclaim.fakes import FakeJob, FakeSlurm
 from slurm_aigc.reclaim.ladder import PlannedAction
 from slurm_aigc.reclaim.store import ReclaimStore
 from slurm_aigc.slurm import CommandResult, JobInfo, SlurmCli
+from tests.fakes.reclaim_slurm import FakeJob, FakeSlurm
 
 CONFIG = ReclaimConfig(dry_run=False, notify=NotifyConfig(scontrol_notify=True, command=("mailer", "{user}", "{message}")))
 

@@ -16,10 +16,10 @@ from slurm_aigc.errors import DatabaseError, SlurmCommandError
 from slurm_aigc.reclaim.actuator import Actuator
 from slurm_aigc.reclaim.config import ClassPolicy, ReclaimConfig
 from slurm_aigc.reclaim.controller import Controller, StaleSamplesError, _node_names
-from slurm_aigc.reclaim.fakes import FakeJob, FakeSlurm
 from slurm_aigc.reclaim.ladder import PlannedAction
 from slurm_aigc.reclaim.store import ReclaimStore
 from slurm_aigc.slurm import NodeInfo, SlurmCli
+from tests.fakes.reclaim_slurm import FakeJob, FakeSlurm
 
 START = datetime.fromisoformat("2026-01-01T00:00:00").timestamp()
 POLICY = ClassPolicy(grace_s=10.0, window_s=60.0, min_samples=3)

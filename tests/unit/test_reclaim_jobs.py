@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from slurm_aigc.reclaim.fakes import FakeJob
 from slurm_aigc.reclaim.jobs import (
     declared_signal,
     gpu_count,
@@ -15,6 +14,7 @@ from slurm_aigc.reclaim.jobs import (
     uses_shards,
 )
 from slurm_aigc.slurm import JobInfo, job_from_fields, parse_key_values
+from tests.fakes.reclaim_slurm import FakeJob
 
 
 def job(**fields: str) -> JobInfo:

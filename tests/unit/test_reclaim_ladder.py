@@ -6,7 +6,6 @@ from dataclasses import replace
 
 from slurm_aigc.reclaim.config import ClassPolicy, Exemptions, ReclaimConfig
 from slurm_aigc.reclaim.detect import Verdict
-from slurm_aigc.reclaim.fakes import FakeJob
 from slurm_aigc.reclaim.jobs import job_facts
 from slurm_aigc.reclaim.ladder import (
     JobFacts,
@@ -21,6 +20,7 @@ from slurm_aigc.reclaim.ladder import (
     plan_job,
 )
 from slurm_aigc.slurm import job_from_fields, parse_key_values
+from tests.fakes.reclaim_slurm import FakeJob
 
 NOW = 10_000.0
 CONFIG = ReclaimConfig(dry_run=False, cooldown_s=60.0, max_actions_per_job=4)

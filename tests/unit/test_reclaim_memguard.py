@@ -11,11 +11,11 @@ from slurm_aigc.db import JobGpuSample, open_database, transaction
 from slurm_aigc.reclaim.config import ClassPolicy, ReclaimConfig
 from slurm_aigc.reclaim.controller import Controller
 from slurm_aigc.reclaim.detect import JobMeta, JobWindow
-from slurm_aigc.reclaim.fakes import FakeJob, FakeSlurm
 from slurm_aigc.reclaim.memguard import judge_memory, trailing_over
 from slurm_aigc.reclaim.store import ReclaimStore
 from slurm_aigc.series import GpuSeries, Sample
 from slurm_aigc.slurm import SlurmCli
+from tests.fakes.reclaim_slurm import FakeJob, FakeSlurm
 
 from .test_reclaim_controller import START, Clock
 

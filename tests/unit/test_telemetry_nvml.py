@@ -10,10 +10,10 @@ import pynvml
 import pytest
 
 from slurm_aigc.errors import NvmlUnavailableError
-from slurm_aigc.telemetry import fakes
-from slurm_aigc.telemetry.fakes import FakeNvml
 from slurm_aigc.telemetry.nvml import NvmlBackend
 from slurm_aigc.telemetry.topology import cross_check_nvlink, parse_topo_matrix
+from tests.fakes import nvml as fakes
+from tests.fakes.nvml import FakeNvml
 
 T0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 

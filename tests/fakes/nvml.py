@@ -1,4 +1,4 @@
-"""Named fake machines for tests: a `pynvml` look-alike driven by plain data.
+"""Named fake machines for tests and benchmarks: a `pynvml` look-alike driven by plain data.
 
 After go-nvml's `mock/dgxa100` and gpustat's tests: a machine is built by name
 (`dgx_a100()`, `pcie_l40s_x4()`), and driver quirks are named too (`gpu_lost_mid_poll()`,
@@ -258,3 +258,8 @@ def smi_runner(machine: FakeMachine) -> Any:
         return machine.topology
 
     return run
+
+
+# Every named machine, for a caller that picks one by name (tests/fakes/pynvml_stub/pynvml.py).
+MACHINES = {fake.__name__: fake for fake in (dgx_a100, pcie_l40s_x4, gpu_lost_mid_poll, field_unsupported,
+                                             old_bindings, no_driver)}
