@@ -154,7 +154,7 @@ def render(findings: Sequence[Finding]) -> str:
 
 def real_env() -> DoctorEnv:
     from slurm_aigc.db import open_database, probe_privileges, server_time
-    from slurm_aigc.policy.loader import load_policy
+    from slurm_aigc.policy.site import load_site_policy
     from slurm_aigc.slurm import SlurmCli
     from slurm_aigc.telemetry.nvml import NvmlBackend
 
@@ -176,7 +176,7 @@ def real_env() -> DoctorEnv:
     return DoctorEnv(
         open_db=open_database, privileges=probe_privileges, server_time=server_time,  # type: ignore[arg-type]
         slurm_config=slurm.show_config, slurm_ping=slurm.ping, slurm_admin_level=admin_level,
-        nvml_gpus=nvml_gpus, load_policy=load_policy, read_text=lambda path: open(path, encoding="utf-8").read(),
+        nvml_gpus=nvml_gpus, load_policy=load_site_policy, read_text=lambda path: open(path, encoding="utf-8").read(),
     )
 
 

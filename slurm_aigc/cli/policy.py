@@ -11,9 +11,9 @@ import click
 from slurm_aigc.errors import AigcError
 from slurm_aigc.policy.hookruntime import INFINITE, NO_VAL, HookResult, HookRuntime
 from slurm_aigc.policy.install import HOOK_FILE, install_hook
-from slurm_aigc.policy.loader import load_policy
 from slurm_aigc.policy.model import UNKNOWN_CLASS, Policy
 from slurm_aigc.policy.render import MARKER, render_hook, render_policy_table
+from slurm_aigc.policy.site import load_site_policy
 from slurm_aigc.slurm import slurm_conf_dir
 
 POLICY_OPTION = click.option(
@@ -24,7 +24,7 @@ POLICY_OPTION = click.option(
 
 def _load(policy_path: Path | None) -> Policy:
     """--policy, else `$SLURM_AIGC_CONFIG`, /etc/slurm-aigc/slurm-aigc.yaml, the shipped one."""
-    return load_policy(policy_path)
+    return load_site_policy(policy_path)
 
 
 @click.group("policy")

@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from slurm_aigc.db import open_database
+from slurm_aigc.policy.paths import find_policy
 from slurm_aigc.reclaim.actuator import ActionResult
 from slurm_aigc.reclaim.config import ReclaimConfig, load_reclaim_config
 from slurm_aigc.reclaim.controller import (
@@ -30,8 +31,20 @@ from slurm_aigc.textfmt import text_table
 LOG = logging.getLogger(__name__)
 _SHORT_SINCE_RE = re.compile(r"^\d+[smhdw]$")
 
+
+
+def _policy_file(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """--config, else the file the environment names; None: none anywhere (the model's defaults).
+
+    Found once at start-up: a SIGHUP re-reads this file, as the loaders below are handed it.
+    """
+    found = find_policy(value, required=False)
+    return None if found is None else str(found)
+
+
 config_option = click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
-                             help="Policy file (default: $SLURM_AIGC_CONFIG or /etc/slurm-aigc/slurm-aigc.yaml).")
+                             callback=_policy_file,
+                             help="Policy file (default: $SLURM_AIGC_CONFIG, /etc/slurm-aigc/slurm-aigc.yaml, the shipped one).")
 db_option = click.option("--db", "db_url", default=None,
                          help="Database URL (default: $SLURM_AIGC_DB_URL or sqlite:////var/lib/slurm-aigc/state.db).")
 dry_run_option = click.option("--dry-run/--no-dry-run", "dry_run", default=None,

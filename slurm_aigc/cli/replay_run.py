@@ -12,8 +12,8 @@ import click
 from slurm_aigc.cli.replay_traces import GeneratorChoice, generator_options, workload_from_traces
 from slurm_aigc.localcluster.config import NOOP_HOOK_LUA, TEST_USERS
 from slurm_aigc.localcluster.manager import LocalCluster
-from slurm_aigc.policy.loader import load_policy
 from slurm_aigc.policy.paths import default_policy
+from slurm_aigc.policy.site import load_site_policy
 from slurm_aigc.replay.compare import (
     backlog_json,
     backlog_of,
@@ -48,7 +48,7 @@ def _progress(message: str) -> None:
 def compression_lines(workload: Workload, policy: Path | None, replay_s: float | None = None) -> list[str]:
     """Which compression applies and whether the site's reclaim windows, scaled by it, can fire."""
     try:
-        return compression_report(workload, load_policy(policy).reclaim, replay_s)
+        return compression_report(workload, load_site_policy(policy).reclaim, replay_s)
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="--workload") from error
 
@@ -67,7 +67,7 @@ def local_run_settings(policy: Path | None, out_dir: Path, timeout_s: float = 18
 
 def useful_rule(policy: Path | None) -> UsefulRule:
     """What counts as useful SM time: the reclaim thresholds of the policy (the same for both runs)."""
-    return UsefulRule.of(load_policy(policy).reclaim.defaults)
+    return UsefulRule.of(load_site_policy(policy).reclaim.defaults)
 
 
 @click.command("run")

@@ -11,7 +11,7 @@ import click
 
 from slurm_aigc.cli.env import CliEnv, command_env
 from slurm_aigc.errors import AigcError, DatabaseError
-from slurm_aigc.policy.loader import load_policy
+from slurm_aigc.policy.site import load_site_policy
 from slurm_aigc.report import figures, render
 from slurm_aigc.report.records import DEFAULT_INTERVAL_S
 from slurm_aigc.report.sacct import (
@@ -115,7 +115,7 @@ def report(ctx: click.Context, since: str, until: str, user: tuple[str, ...], ac
         raise click.BadParameter("--until must be after --since and --chunk-hours positive")
     params = figures.ReportParams(since_ts=query.since.timestamp(), until_ts=min(query.until, now).timestamp(),
                                   group_by=_group_keys(group_by), shards_per_gpu=parse_shards(shards_per_gpu),
-                                  useful=figures.UsefulRule.of(load_policy(policy, hook_sections=False).reclaim.defaults))
+                                  useful=figures.UsefulRule.of(load_site_policy(policy, hook_sections=False).reclaim.defaults))
     result = _summary(env, query, params, db_url, timedelta(hours=chunk_hours))
     click.echo(render.skipped_summary(result.skipped), err=True, nl=False)
     _emit(render.render_report(result, fmt), output)

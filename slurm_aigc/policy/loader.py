@@ -3,12 +3,12 @@
 The one reader of the policy file: `slurm-aigc policy check|render|install`, the hook's
 `classify`, the controller (`reclaim`, `scoring`), the agent (`agent`) and the database
 (`storage`) all get their settings from `load_policy`. Everything here but `load_policy`
-is pure; the defaults are those of `slurm_aigc.policy.model`.
+(which reads the file it is given) is pure; the defaults are those of `slurm_aigc.policy.model`;
+which file and the environment's values come from the caller (`slurm_aigc.policy.site`).
 """
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import replace
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from slurm_aigc.errors import ConfigError, ShippedFileError
+from slurm_aigc.errors import ConfigError
 from slurm_aigc.policy.model import (
     SHARD_GRES,
     UNCLASSIFIED,
@@ -35,7 +35,6 @@ from slurm_aigc.policy.model import (
     Toggle,
     VramFitRule,
 )
-from slurm_aigc.policy.paths import ENV_SIMGPU_DIR, default_policy
 from slurm_aigc.policy.sections import agent_section, reclaim_section, scoring_section, storage_section
 from slurm_aigc.validation import (
     Node,
@@ -60,24 +59,21 @@ _FEATURE_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 _PARTITION_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
-def load_policy(path: str | Path | None = None, *, hook_sections: bool = True) -> Policy:
-    """Read and validate the policy file (`slurm-aigc policy check --policy PATH`).
+def load_policy(path: str | Path | None, *, hook_sections: bool = True, simgpu_dir: str | None = None) -> Policy:
+    """Read and validate the policy file at `path` (`slurm-aigc policy check --policy PATH`).
 
-    `path` None: `$SLURM_AIGC_CONFIG`, else /etc/slurm-aigc/slurm-aigc.yaml, else the shipped
-    one (`policy.paths.default_policy`); a given path must exist. `hook_sections` False (the
-    daemons) lets a file leave out `inventory` and `classes`, and reads no file at all when
-    there is none to find. An absent `agent.simgpu_dir` is `$SLURM_AIGC_SIMGPU_DIR` when set.
+    The caller finds the file and reads the environment (`policy.site.load_site_policy`):
+    `simgpu_dir` is `$SLURM_AIGC_SIMGPU_DIR`, the agent's when `agent.simgpu_dir` is absent.
+    `path` None: no file was found; `hook_sections` False (the daemons, which may also leave
+    out `inventory` and `classes`) then gets the model's defaults, the hook a ConfigError.
     """
-    simgpu_dir = os.environ.get(ENV_SIMGPU_DIR) or None
-    try:
-        chosen = Path(path) if path is not None else default_policy()
-    except ShippedFileError:
+    if path is None:
         if hook_sections:
-            raise
+            raise ConfigError("(no policy file)", "", "the job_submit hook needs a policy file")
         return parse_policy(Node("(defaults)", "", {}), hook_sections=False, simgpu_dir=simgpu_dir)
-    source = str(chosen)
+    source = str(path)
     try:
-        text = chosen.read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError as error:
         raise ConfigError(source, "", "no such file") from error
     except OSError as error:

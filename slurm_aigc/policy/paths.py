@@ -1,6 +1,8 @@
 """Where the policy file is: `$SLURM_AIGC_CONFIG`, /etc/slurm-aigc/slurm-aigc.yaml, or the shipped one.
 
-The shipped default policy is `etc/slurm-aigc.yaml` of the source tree, or
+A boundary (it reads the environment and looks at the file system): the pure loader takes
+what is found here as arguments (`slurm_aigc.policy.site` hands them over). The shipped
+default policy is `etc/slurm-aigc.yaml` of the source tree, or
 `slurm_aigc/data/etc/slurm-aigc.yaml` of an installed wheel; `slurm_aigc.shipped` finds it.
 """
 
@@ -9,6 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from slurm_aigc.errors import ShippedFileError
 from slurm_aigc.shipped import POLICY, shipped_file
 
 SYSTEM_POLICY = Path("/etc/slurm-aigc/slurm-aigc.yaml")
@@ -29,3 +32,24 @@ def default_policy() -> Path:
     if SYSTEM_POLICY.is_file():
         return SYSTEM_POLICY
     return shipped_policy()
+
+
+def find_policy(explicit: str | Path | None = None, *, required: bool = True) -> Path | None:
+    """`explicit` (`--config`/`--policy`) as given, else `default_policy()`.
+
+    Not `required` (the daemons, which run on the model's defaults): None when there is no
+    file anywhere (a wheel installed without its data) instead of ShippedFileError.
+    """
+    if explicit is not None:
+        return Path(explicit)
+    try:
+        return default_policy()
+    except ShippedFileError:
+        if required:
+            raise
+        return None
+
+
+def simgpu_dir_from_env() -> str | None:
+    """`$SLURM_AIGC_SIMGPU_DIR`: the agent's simulated GPUs when the policy's `agent.simgpu_dir` is absent."""
+    return os.environ.get(ENV_SIMGPU_DIR) or None

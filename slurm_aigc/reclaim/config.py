@@ -22,11 +22,11 @@ from slurm_aigc.policy.model import (
 from slurm_aigc.policy.sections import reclaim_section as parse_reclaim_section
 
 
-def load_reclaim_config(path: str | Path | None = None) -> ReclaimConfig:
-    """`reclaim:` of the policy file (with the inventory's shards per GPU).
+def load_reclaim_config(path: str | Path | None) -> ReclaimConfig:
+    """`reclaim:` of the policy file at `path` (with the inventory's shards per GPU).
 
-    `path` None: `$SLURM_AIGC_CONFIG`, /etc/slurm-aigc/slurm-aigc.yaml, else the shipped
-    policy, as for `slurm-aigc policy check`. A given path must exist.
+    The caller finds the file (`policy.paths.find_policy(..., required=False)`); None: no
+    file anywhere, the model's defaults. A given path must exist.
     """
     return load_policy(path, hook_sections=False).reclaim
 

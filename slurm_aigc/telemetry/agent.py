@@ -29,9 +29,10 @@ from pathlib import Path
 
 from slurm_aigc.daemonloop import DaemonLoop
 from slurm_aigc.errors import AigcError
+from slurm_aigc.policy.site import load_site_policy
 from slurm_aigc.slurm import SlurmCli
 from slurm_aigc.telemetry import features as feat
-from slurm_aigc.telemetry.config import AgentConfig, load_agent_config
+from slurm_aigc.telemetry.config import AgentConfig
 from slurm_aigc.telemetry.gres import job_gpu_indices
 from slurm_aigc.telemetry.metrics import DaemonMetrics, NullMetrics, open_metrics
 from slurm_aigc.telemetry.records import GpuBackend, NodeReading
@@ -228,7 +229,7 @@ class AgentOptions:
 
 def effective_config(options: AgentOptions) -> AgentConfig:
     """The config file's `agent:` section with the command-line options laid over it."""
-    config = load_agent_config(options.config_path)
+    config = load_site_policy(options.config_path, hook_sections=False).agent
     return replace(
         config,
         backend=options.backend or config.backend,

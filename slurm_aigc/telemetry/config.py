@@ -17,24 +17,21 @@ from slurm_aigc.policy.model import (
     AgentConfig,
     ScoringConfig,
 )
-from slurm_aigc.policy.paths import SYSTEM_POLICY
 from slurm_aigc.policy.sections import agent_section as parse_agent_section
 from slurm_aigc.policy.sections import scoring_section as parse_scoring_section
 
-DEFAULT_CONFIG_PATH = str(SYSTEM_POLICY)
+
+def load_agent_config(path: str | None, simgpu_dir: str | None = None) -> AgentConfig:
+    """`agent:` of the policy file at `path` (None: the model's defaults), `simgpu_dir` as `load_policy`'s."""
+    return load_policy(path, hook_sections=False, simgpu_dir=simgpu_dir).agent
 
 
-def load_agent_config(explicit: str | None) -> AgentConfig:
-    """`agent:` of the policy file (`--config`, else as `load_policy` finds it)."""
-    return load_policy(explicit, hook_sections=False).agent
-
-
-def load_scoring_config(explicit: str | None) -> ScoringConfig:
-    """`scoring:` of the policy file (`--config`, else as `load_policy` finds it)."""
-    return load_policy(explicit, hook_sections=False).scoring
+def load_scoring_config(path: str | None) -> ScoringConfig:
+    """`scoring:` of the policy file at `path`; the caller finds it (`policy.paths.find_policy`), None: defaults."""
+    return load_policy(path, hook_sections=False).scoring
 
 
 __all__ = [
-    "BACKENDS", "DEFAULT_CONFIG_PATH", "DEFAULT_PUBLISHED_FEATURES_FILE", "DEFAULT_SIMGPU_DIR", "AgentConfig",
+    "BACKENDS", "DEFAULT_PUBLISHED_FEATURES_FILE", "DEFAULT_SIMGPU_DIR", "AgentConfig",
     "ScoringConfig", "load_agent_config", "load_scoring_config", "parse_agent_section", "parse_scoring_section",
 ]

@@ -120,6 +120,7 @@ def test_shipped_file_states_exactly_the_model_defaults() -> None:
 
 def test_daemons_without_a_policy_file_use_the_shipped_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from slurm_aigc.policy import paths
+    from slurm_aigc.policy.site import load_site_policy
     from slurm_aigc.reclaim.config import load_reclaim_config
     from slurm_aigc.telemetry.config import load_agent_config, load_scoring_config
 
@@ -127,9 +128,29 @@ def test_daemons_without_a_policy_file_use_the_shipped_one(tmp_path: Path, monke
     monkeypatch.delenv("SLURM_AIGC_SIMGPU_DIR", raising=False)
     monkeypatch.setattr(paths, "SYSTEM_POLICY", tmp_path / "absent.yaml")
     policy = load_policy(shipped_policy())
-    assert load_reclaim_config() == policy.reclaim  # not dataclass defaults of its own
-    assert load_scoring_config(None) == policy.scoring
-    assert load_agent_config(None) == policy.agent
+    found = paths.find_policy(required=False)
+    assert found == shipped_policy()
+    site = load_site_policy(hook_sections=False)
+    assert (site.reclaim, site.scoring, site.agent) == (policy.reclaim, policy.scoring, policy.agent)
+    assert load_reclaim_config(found) == policy.reclaim  # not dataclass defaults of its own
+    assert load_scoring_config(str(found)) == policy.scoring
+    assert load_agent_config(str(found)) == policy.agent
+
+
+def test_the_site_policy_is_the_option_else_the_environment_else_etc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_aigc.policy import paths
+    from slurm_aigc.policy.site import load_site_policy
+
+    system, from_env, given = (tmp_path / f"{name}.yaml" for name in ("system", "env", "given"))
+    for path, hours in ((system, 1), (from_env, 2), (given, 3)):
+        path.write_text(f"storage: {{raw_retention_hours: {hours}}}\n")
+    monkeypatch.setattr(paths, "SYSTEM_POLICY", system)
+    monkeypatch.delenv("SLURM_AIGC_CONFIG", raising=False)
+    assert load_site_policy(hook_sections=False).storage.raw_retention_hours == 1.0
+    monkeypatch.setenv("SLURM_AIGC_CONFIG", str(from_env))
+    assert load_site_policy(hook_sections=False).storage.raw_retention_hours == 2.0
+    assert load_site_policy(given, hook_sections=False).storage.raw_retention_hours == 3.0
+    assert load_policy(given, hook_sections=False).source == str(given)  # the loader reads what it is handed
 
 
 def test_a_daemon_file_may_leave_out_the_hook_sections(tmp_path: Path) -> None:
@@ -262,20 +283,27 @@ def test_the_publisher_writes_the_file_the_hook_reads() -> None:
 
 def test_without_any_policy_file_daemons_get_the_model_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     from slurm_aigc.errors import ShippedFileError
-    from slurm_aigc.policy import loader
+    from slurm_aigc.policy import paths
     from slurm_aigc.policy.model import AgentConfig, ReclaimConfig
+    from slurm_aigc.policy.site import load_site_policy
 
     def nowhere() -> Path:
         raise ShippedFileError("etc/slurm-aigc.yaml is not part of this install")
 
-    monkeypatch.setattr(loader, "default_policy", nowhere)
+    monkeypatch.setattr(paths, "default_policy", nowhere)
     monkeypatch.delenv("SLURM_AIGC_SIMGPU_DIR", raising=False)
-    policy = load_policy(hook_sections=False)
+    assert paths.find_policy(required=False) is None
+    policy = load_site_policy(hook_sections=False)
     assert policy.reclaim == ReclaimConfig() and policy.agent == AgentConfig()
+    assert load_policy(None, hook_sections=False) == policy  # the pure loader, handed no file
     monkeypatch.setenv("SLURM_AIGC_SIMGPU_DIR", "/srv/simgpu")
-    assert load_policy(hook_sections=False).agent.simgpu_dir == "/srv/simgpu"
+    assert load_site_policy(hook_sections=False).agent.simgpu_dir == "/srv/simgpu"
+    assert load_policy(None, hook_sections=False).agent == AgentConfig()  # it reads no environment
+    assert load_policy(None, hook_sections=False, simgpu_dir="/srv/simgpu").agent.simgpu_dir == "/srv/simgpu"
     with pytest.raises(ShippedFileError):
-        load_policy()  # the hook has nothing to render
+        load_site_policy()  # the hook has nothing to render
+    with pytest.raises(ConfigError, match="needs a policy file"):
+        load_policy(None)
 
 
 @pytest.mark.parametrize(("edit", "key_path"), [
