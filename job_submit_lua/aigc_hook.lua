@@ -458,6 +458,58 @@ local function add_feature(view, feature, why)
     push(view, "feature_why", why)
 end
 
+-- The SM fraction (0..1] a job is expected to use while it computes, and where it came from:
+-- the agents' history for this user and job name (`learned.sm`: `view.learned`, set before the
+-- rules run by the learned-defaults code, or nil), else the policy's figure for its class.
+local function expected_sm(class, learned)
+    local sm = type(learned) == "table" and learned.sm or nil
+    if type(sm) == "number" and sm > 0 and sm <= 1 then return sm, "learned" end  -- NaN fails both
+    return P.rewrites.shard.expected_sm[class], "class"
+end
+
+-- Shards the job needs on GPU type t: its memory, and its SM share of the GPU (at least one,
+-- never `shard:0`). Slurm shards isolate nothing, so the compute share is the only cap on how
+-- many co-tenants a GPU gets.
+local function shards_needed(t, vram, sm)
+    local need = ceil(vram / t.gib_per_shard - 1e-9)
+    local compute = ceil(sm * t.shards_per_gpu - 1e-9)
+    if compute > need then need = compute end
+    return need < 1 and 1 or need
+end
+
+-- One count N for every type (a GRES request has one), taken from the need on one type: the job
+-- may run on type t when N covers its need there and fits one GPU. The N keeping the most types
+-- wins; on a tie the larger type's (TYPES ascend by memory), as whole small GPUs are where
+-- rule_vram_fit sends the small jobs that are not shared. Returns N and the kept types, or nil.
+local function shard_plan(vram, sm, max_fraction)
+    local fits = {}
+    for _, t in ipairs(TYPES) do
+        if t.shards_per_gpu > 0 and vram <= max_fraction * t.memory_gib then
+            fits[#fits + 1] = { type = t, need = shards_needed(t, vram, sm) }
+        end
+    end
+    local best, best_kept = nil, {}
+    for _, candidate in ipairs(fits) do
+        local n, kept = candidate.need, {}
+        for _, other in ipairs(fits) do
+            if other.need <= n and n <= other.type.shards_per_gpu then kept[#kept + 1] = other.type end
+        end
+        if #kept > 0 and #kept >= #best_kept then best, best_kept = n, kept end
+    end
+    return best, best_kept
+end
+
+-- The shard request of a one-GPU job of `class` that needs `vram` GiB: N, the types kept, and
+-- the expected SM and its source; nil (and the SM) when the job is not to be shared.
+local function shard_request(class, vram, learned)
+    local cfg = P.rewrites.shard
+    local sm, source = expected_sm(class, learned)
+    if not sm or sm > cfg.max_sm then return nil, nil, sm, source end
+    local shards, allowed = shard_plan(vram, sm, cfg.max_fraction)
+    return shards, allowed, sm, source
+end
+M.shard_request = shard_request
+
 local function rule_shard(view)
     local cfg = P.rewrites.shard
     local tags, gpu = view.tags, view.gpu
@@ -468,17 +520,13 @@ local function rule_shard(view)
     if tags.share == false or gpu.count ~= 1 or gpu.type or not single_node(view) then return end
     if gpu.field ~= "tres_per_node" and gpu.field ~= "tres_per_job" then return end
     if get(view, "cpus_per_tres") or get(view, "mem_per_tres") then return end
-    local vram, allowed, shards = tags.vram, {}, 0
-    for _, t in ipairs(TYPES) do
-        if t.shards_per_gpu > 0 and vram <= cfg.max_fraction * t.memory_gib then
-            allowed[#allowed + 1] = t
-            local need = ceil(vram / t.gib_per_shard - 1e-9)
-            if need < 1 then need = 1 end  -- any vram > 0 takes at least one shard, never `shard:0`
-            if need > shards then shards = need end
-        end
+    local vram = tags.vram
+    local shards, allowed, sm, source = shard_request(view.class, vram, view.learned)
+    if not shards then
+        if DEBUG then slurm.log_debug("aigc: not shared: expected SM %s (%s)", tostring(sm), tostring(source)) end
+        return
     end
-    if #allowed == 0 then return end
-    local why = format("shard: vram=%gG fits in %d shard(s)", vram, shards)
+    local why = format("shard: vram=%gG, SM %g (%s) -> %d shard(s)", vram, sm, source, shards)
     if not restrict_types(view, allowed, why) then return end
     local entry = gpu.prefix .. SHARD_GRES .. (gpu.sep == "=" and "=" or ":") .. shards
     if gpu.field == "tres_per_node" then

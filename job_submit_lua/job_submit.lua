@@ -11,7 +11,8 @@ local pcall, tostring = pcall, tostring
 -- Class of the last job seen; read by `slurm-aigc classify` only.
 AIGC_LAST_CLASS = nil
 -- The hook's pure helpers, for `slurm-aigc` in lupa (slurm_aigc/tags.py is held equal to them).
-AIGC_PURE = { parse_tags = hook.parse_tags, stamp_of = hook.stamp_of, glob_matches = hook.glob_matches }
+AIGC_PURE = { parse_tags = hook.parse_tags, stamp_of = hook.stamp_of, glob_matches = hook.glob_matches,
+    shard_request = hook.shard_request }
 
 local function guarded(entry, ...)
     local ok, rc, class = pcall(entry, ...)

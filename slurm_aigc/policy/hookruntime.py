@@ -288,6 +288,14 @@ class HookRuntime:
         compiled = self._lua.eval(lua_value(glob_matcher(glob)).encode("utf-8"))
         return bool(self._pure(b"glob_matches")(compiled, _to_lua(name)))
 
+    def shard_request(self, job_class: str, vram_gib: float, learned: Mapping[str, Any] | None = None
+                      ) -> tuple[int | None, list[str], float | None]:
+        """The hook's shard request for a one-GPU job: (shards or None, GPU types kept, expected SM)."""
+        table = self._table(learned) if learned is not None else None
+        shards, kept, sm, _source = self._pure(b"shard_request")(_to_lua(job_class), vram_gib, table)
+        names = [_from_lua(t[b"name"]) for t in kept.values()] if kept is not None else []
+        return (int(shards) if shards is not None else None), names, sm
+
     def _pure(self, name: bytes) -> Any:
         return self._lua.globals()[b"AIGC_PURE"][name]
 

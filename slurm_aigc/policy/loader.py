@@ -256,10 +256,26 @@ def _rewrites(node: Node, known: set[str]) -> Rewrites:
 
 
 def _shard(node: Node, known: set[str]) -> ShardRule:
-    mapping(node, {"enabled", "classes", "max_fraction"})
+    mapping(node, {"enabled", "classes", "max_fraction", "expected_sm", "max_sm"})
     base = ShardRule()
     fraction = number(node, "max_fraction", base.max_fraction, above=0, maximum=1, what="fraction")
-    return ShardRule(flag(node, "enabled", base.enabled), _class_list(node, "classes", known, base.classes), fraction)
+    classes = _class_list(node, "classes", known, base.classes)
+    max_sm = number(node, "max_sm", base.max_sm, above=0, maximum=1, what="fraction")
+    expected = _expected_sm(node, known, base.expected_sm)
+    missing = [c for c in classes if c not in expected]
+    if missing:  # the hook must never guess a shared class's compute share
+        where = section(node, "expected_sm")
+        raise where.error(f"no expected SM fraction (0..1] for shared class(es) {', '.join(missing)}")
+    return ShardRule(flag(node, "enabled", base.enabled), classes, fraction, expected, max_sm)
+
+
+def _expected_sm(node: Node, known: set[str], default: Mapping[str, float]) -> Mapping[str, float]:
+    """`expected_sm: {class: fraction in (0, 1]}`; the default kept to the classes the file has."""
+    if "expected_sm" not in node.value:
+        return {c: f for c, f in default.items() if c in known}
+    child = node.child("expected_sm")
+    mapping(child, known)
+    return {str(c): number(child, c, 0.0, above=0, maximum=1, what="fraction") for c in child.value}
 
 
 def _vram_fit(node: Node) -> VramFitRule:

@@ -66,6 +66,13 @@ class ShardRule:
     enabled: bool = True
     classes: tuple[str, ...] = ("infer", "imagegen")
     max_fraction: float = 0.5
+    # SM fraction (0..1] a job of the class uses while it computes. Shards isolate nothing, so
+    # the hook asks for at least this share of a GPU's shards: co-tenants' expected SM then sums
+    # to at most 1 and busy phases overlap without slowing each other (docs/hook.md).
+    expected_sm: Mapping[str, float] = field(default_factory=lambda: {"infer": 0.5, "imagegen": 0.9})
+    # A class (or a job's learned SM) above this is never shared: at most one such job fits a
+    # GPU anyway, and a whole GPU is then the honest request.
+    max_sm: float = 0.5
 
 
 @dataclass(frozen=True)

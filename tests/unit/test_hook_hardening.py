@@ -102,7 +102,10 @@ def test_a_comment_only_update_keeps_the_jobs_time_limit(tmp_path: Path) -> None
 
 @pytest.mark.parametrize("vram", ["0.0000000001K", "1K", "0.001G", "1M"])
 def test_a_tiny_vram_takes_one_shard_never_zero(vram: str) -> None:
-    result = submit(_plain_runtime(), comment=f"aigc:type=infer,vram={vram}", tres_per_node="gres:gpu:1")
+    document = yaml.safe_load(shipped_policy().read_text())
+    document["rewrites"]["shard"]["expected_sm"]["infer"] = 0.001  # the SM share rounds up to 1 shard too
+    runtime = HookRuntime(render_hook(parse_policy_text(yaml.safe_dump(document), "tiny-sm.yaml")))
+    result = submit(runtime, comment=f"aigc:type=infer,vram={vram}", tres_per_node="gres:gpu:1")
     assert result.after["tres_per_node"] == "gres:shard:1"
 
 

@@ -26,6 +26,7 @@ from slurm_aigc.telemetry.features import model_feature
 from tests.fakes.reclaim_slurm import FakeJob
 
 ALICE = 1001
+SHARD_ENTRY = "shard:"
 SCRIPT = "#!/bin/bash\nsrun python serve.py\n"
 
 
@@ -58,14 +59,17 @@ def submit(hook: HookRuntime, uid: int = ALICE, **fields: Any) -> HookResult:
 def test_small_inference_becomes_shards_on_types_where_it_fits(hook: HookRuntime) -> None:
     result = submit(hook, comment="exp42 aigc:type=infer,vram=20G", tres_per_node="gres:gpu:1")
     assert result.rc == SUCCESS and result.job_class == "infer"
-    # 20 GiB is more than half a 16 GiB t4, so only a100 (80 shards of 1 GiB) may take it.
-    assert result.changes["tres_per_node"] == ("gres:gpu:1", "gres:shard:20")
+    # 20 GiB is more than half a 16 GiB t4, so only a100 may take it; infer's expected SM (0.5)
+    # asks for 40 of its 80 shards, so at most two such jobs share one a100.
+    assert result.changes["tres_per_node"] == ("gres:gpu:1", "gres:shard:40")
     assert result.changes["features"] == (None, "a100")
 
 
-def test_tiny_inference_shards_anywhere_without_constraint(hook: HookRuntime) -> None:
+def test_tiny_job_of_a_low_sm_class_shards_anywhere_without_constraint(tmp_path: Path) -> None:
+    hook = runtime_for(tmp_path, **{"rewrites.shard": {"expected_sm": {"infer": 0.05, "imagegen": 0.05}}})
     result = submit(hook, comment="aigc:type=imagegen,vram=6.5G", tres_per_node="gres/gpu:1")
-    assert result.changes["tres_per_node"] == ("gres/gpu:1", "gres/shard:7")  # 24.11 style kept, ceil(6.5)
+    # ceil(6.5) GiB covers 5 % of an a100 (4 shards) and of a t4 (1): both types keep it.
+    assert result.changes["tres_per_node"] == ("gres/gpu:1", "gres/shard:7")  # 24.11 style kept
     assert "features" not in result.changes
 
 
@@ -129,12 +133,56 @@ def test_model_prefer_only_for_published_model_features(tmp_path: Path) -> None:
     assert published.changes["prefer"] == (None, "model_llama3-8b")
 
 
+def test_a_compute_bound_class_is_never_shared(hook: HookRuntime) -> None:
+    # imagegen's expected SM (0.9) is above max_sm (0.5): one such job fills a GPU's compute, and
+    # 11 of them sharing an a100 by VRAM alone ran past their limits (docs/benchmarks.md).
+    result = submit(hook, comment="aigc:type=imagegen,vram=7G,share=yes", tres_per_node="gres:gpu:1")
+    assert result.rc == SUCCESS and "tres_per_node" not in result.changes
+
+
+def test_the_shard_count_caps_co_tenants_by_expected_sm(hook: HookRuntime) -> None:
+    # A GRES request has one count: the one keeping the most types wins, else the larger type's.
+    assert hook.shard_request("infer", 7.0) == (40, ["a100"], 0.5)  # ceil(0.5 x 80): two per a100
+    assert hook.shard_request("infer", 30.0, {"sm": 0.25}) == (30, ["a100"], 0.25)  # memory beyond the SM share
+    assert hook.shard_request("infer", 41.0)[0] is None  # over max_fraction of the largest GPU
+    assert hook.shard_request("infer", 7.0, {"sm": 0.05}) == (7, ["t4", "a100"], 0.05)  # VRAM rules both
+    assert hook.shard_request("infer", 2.0, {"sm": 0.1}) == (8, ["t4", "a100"], 0.1)  # a100 needs 8, a t4 2
+    assert hook.shard_request("infer", 0.001, {"sm": 0.001})[0] == 1  # never shard:0
+    assert hook.shard_request("imagegen", 7.0)[0] is None
+
+
+@pytest.mark.parametrize("learned", [None, {}, {"sm": "high"}, {"sm": 0}, {"sm": -0.2}, {"sm": 1.5},
+                                     {"sm": float("nan")}, {"sm": float("inf")}, {"vram": 7}])
+def test_an_absent_or_bad_learned_sm_falls_back_to_the_class_default(hook: HookRuntime, learned: Any) -> None:
+    assert hook.shard_request("infer", 7.0, learned) == (40, ["a100"], 0.5)
+
+
+def test_a_learned_sm_decides_sharing_either_way(hook: HookRuntime) -> None:
+    # The agents' history beats the class default: a light image server shares, a busy one does not.
+    assert hook.shard_request("imagegen", 7.0, {"sm": 0.25}) == (20, ["a100"], 0.25)
+    assert hook.shard_request("infer", 7.0, {"sm": 0.8})[0] is None
+
+
+def test_share_no_is_never_shared_whatever_the_expected_sm(tmp_path: Path) -> None:
+    hook = runtime_for(tmp_path, **{"rewrites.shard": {"expected_sm": {"infer": 0.01, "imagegen": 0.01}}})
+    for tres in ("gres:gpu:1", "gres/gpu:1"):
+        result = submit(hook, comment="aigc:type=infer,vram=4G,share=no", tres_per_node=tres)
+        assert "tres_per_node" not in result.changes and SHARD_ENTRY not in str(result.after)
+    shared = submit(hook, comment="aigc:type=infer,vram=4G", tres_per_node="gres:gpu:1")
+    assert shared.changes["tres_per_node"] == ("gres:gpu:1", "gres:shard:4")  # the same job without share=no
+
+
+def test_the_shard_rewrite_says_which_sm_it_used(hook: HookRuntime) -> None:
+    result = submit(hook, comment="aigc:type=infer,vram=7G", tres_per_node="gres:gpu:1")
+    assert any("SM 0.5 (class) -> 40 shard(s)" in line for line in result.messages)
+
+
 def test_model_prefer_only_when_a_node_serving_the_model_also_meets_the_constraint(tmp_path: Path) -> None:
     # Measured on 22.05: `--prefer a100&model_X` while only a t4 served X was refused at submit
     # ("Requested node configuration is not available").
     hook = runtime_for(tmp_path)
     listing = tmp_path / "published-features.txt"
-    comment = "aigc:type=imagegen,model=sd-m0016,vram=10G,share=yes"  # 10 GiB shard: a100 only
+    comment = "aigc:type=infer,model=sd-m0016,vram=10G,share=yes"  # 40-shard job: a100 only
     listing.write_text("model_sd-m0016 t4 vram16g\n")
     only_t4 = submit(hook, comment=comment, tres_per_node="gres:gpu:1")
     assert only_t4.accepted and only_t4.changes["features"] == (None, "a100")
@@ -270,12 +318,12 @@ def test_every_rewrite_is_logged_with_the_aigc_tag_and_told_to_the_user(hook: Ho
 def test_gpus_per_job_becomes_shards_per_node(hook: HookRuntime) -> None:
     result = submit(hook, comment="aigc:type=infer,vram=8G", tres_per_job="gres:gpu:1")
     assert result.changes["tres_per_job"] == ("gres:gpu:1", None)
-    assert result.changes["tres_per_node"] == (None, "gres:shard:8")
+    assert result.changes["tres_per_node"] == (None, "gres:shard:40")
 
 
 def test_other_gres_entries_are_kept(hook: HookRuntime) -> None:
     result = submit(hook, comment="aigc:type=infer,vram=8G", tres_per_node="gres:license_x:1,gres:gpu:1")
-    assert result.changes["tres_per_node"] == ("gres:license_x:1,gres:gpu:1", "gres:license_x:1,gres:shard:8")
+    assert result.changes["tres_per_node"] == ("gres:license_x:1,gres:gpu:1", "gres:license_x:1,gres:shard:40")
 
 
 def test_cpus_per_gpu_blocks_the_shard_rewrite(hook: HookRuntime) -> None:
@@ -331,7 +379,7 @@ def test_an_admins_admin_comment_update_keeps_the_stamp(hook: HookRuntime) -> No
 def test_reclaim_opt_out_is_a_valid_key_for_the_hook(tmp_path: Path) -> None:
     hook = runtime_for(tmp_path, hook={"strict_tags": True})
     result = submit(hook, comment="aigc:type=infer,reclaim=no,vram=20G", tres_per_node="gres:gpu:1")
-    assert result.rc == SUCCESS and result.changes["tres_per_node"] == ("gres:gpu:1", "gres:shard:20")
+    assert result.rc == SUCCESS and result.changes["tres_per_node"] == ("gres:gpu:1", "gres:shard:40")
     assert submit(hook, comment="aigc:type=infer,reclaim=maybe").rc == ERROR
 
 

@@ -53,6 +53,8 @@ def test_policy_table_evaluates_to_the_same_data() -> None:
     types = lua_table[b"inventory"][b"gpu_types"]
     assert [types[i][b"name"] for i in (1, 2)] == [b"t4", b"a100"]
     assert lua_table[b"rewrites"][b"shard"][b"max_fraction"] == policy.rewrites.shard.max_fraction
+    shard = lua_table[b"rewrites"][b"shard"]
+    assert (shard[b"expected_sm"][b"infer"], shard[b"max_sm"]) == (policy.rewrites.shard.expected_sm["infer"], 0.5)
     assert lua_table[b"classes"][b"infer"] is not None
 
 
