@@ -34,13 +34,13 @@ from slurm_aigc.telemetry.agent import Agent  # noqa: E402
 from slurm_aigc.telemetry.attribution import job_gpu_usage  # noqa: E402
 from slurm_aigc.telemetry.config import AgentConfig, ScoringConfig  # noqa: E402
 from slurm_aigc.telemetry.nvml import NvmlBackend  # noqa: E402
+from slurm_aigc.telemetry.procfs import ProcFs  # noqa: E402
 from slurm_aigc.telemetry.publisher import Publisher, plan_cycle  # noqa: E402
 from slurm_aigc.telemetry.records import GpuBackend, GpuReading, NodeReading  # noqa: E402
 from slurm_aigc.telemetry.simgpu import (  # noqa: E402
     GpuLoad,
     ProcLoad,
     SimGpuBackend,
-    process_start_ticks,
     sim_gpus,
     sim_topology_text,
     write_inventory,
@@ -113,7 +113,7 @@ def sim_backend(directory: Path) -> SimGpuBackend:
     node = "sim-a100"
     write_inventory(directory, node, sim_gpus(node, "a100", 8, nvlink=True), sim_topology_text(8, True))
     loads = tuple(GpuLoad(i, 80.0, 20000.0) for i in range(4))
-    write_proc_load(directory, node, ProcLoad(os.getpid(), loads, "busy", "4", process_start_ticks(Path("/proc"), os.getpid())))
+    write_proc_load(directory, node, ProcLoad(os.getpid(), loads, "busy", "4", ProcFs().start_ticks(os.getpid())))
     return SimGpuBackend(node, directory)
 
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from slurm_aigc.errors import AigcError
+from slurm_aigc.telemetry.procstat import parent_pid_of, start_ticks_of, stat_fields
 from slurm_aigc.telemetry.records import GpuProcess, GpuReading, NodeReading
 
 LOG = logging.getLogger(__name__)
@@ -83,22 +84,6 @@ def job_from_stepd_cmdline(cmdline: str) -> str | None:
     return match.group(1) if match else None
 
 
-def stat_fields(stat: str) -> tuple[str, list[str]]:
-    """`/proc/<pid>/stat` -> (comm, fields from state on); comm may hold spaces and parentheses."""
-    return stat[stat.find("(") + 1 : stat.rfind(")")], stat[stat.rfind(")") + 2 :].split()
-
-
-def start_ticks_of(stat: str | None) -> int | None:
-    """Start time in clock ticks since boot (`/proc/<pid>/stat` field 22), None if unknown."""
-    if stat is None:
-        return None
-    fields = stat_fields(stat)[1]
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return None
-
-
 def uid_of(status: str | None) -> int | None:
     """The real uid from `/proc/<pid>/status` (`Uid:` line), None if unknown."""
     for line in (status or "").splitlines():
@@ -118,13 +103,12 @@ def job_from_ancestry(proc: ProcView, pid: int, max_depth: int = 64) -> str | No
         stat = proc.stat(current)
         if stat is None or current <= 1:
             return None
-        comm, fields = stat_fields(stat)
-        if comm == "slurmstepd" and uid_of(proc.status(current)) == 0:
+        if stat_fields(stat)[0] == "slurmstepd" and uid_of(proc.status(current)) == 0:
             return job_from_stepd_cmdline(proc.cmdline(current) or "")
-        try:
-            current = int(fields[1])
-        except (IndexError, ValueError):
+        parent = parent_pid_of(stat)
+        if parent is None:
             return None
+        current = parent
     return None
 
 

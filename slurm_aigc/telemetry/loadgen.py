@@ -29,11 +29,11 @@ from pathlib import Path
 from types import FrameType
 
 from slurm_aigc.profiles import Phase, ProfileError, parse_phases
+from slurm_aigc.telemetry.procfs import ProcFs
 from slurm_aigc.telemetry.simgpu import (
     GpuLoad,
     ProcLoad,
     proc_file,
-    process_start_ticks,
     read_inventory,
     write_proc_load,
 )
@@ -264,7 +264,7 @@ class LoadRun:
         self.simgpu_dir = simgpu_dir
         self.clock = clock
         self.pid = os.getpid() if pid is None else pid
-        self.start_ticks = process_start_ticks(proc_root, self.pid)
+        self.start_ticks = ProcFs(proc_root).start_ticks(self.pid)
         self.stop = threading.Event()
         self.checkpoints = 0
         # Tests pass a wait that advances a fake clock; in production it is the stop Event.

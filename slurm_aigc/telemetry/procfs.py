@@ -17,6 +17,8 @@ import re
 import stat
 from pathlib import Path
 
+from slurm_aigc.telemetry.procstat import start_ticks_of
+
 LOG = logging.getLogger(__name__)
 
 # Where the Prolog writes, unless SLURM_AIGC_JOB_RECORDS says otherwise (both must agree).
@@ -46,6 +48,10 @@ class ProcFs:
     def stat(self, pid: int) -> str | None:
         """`/proc/<pid>/stat`."""
         return self._read(pid, "stat")
+
+    def start_ticks(self, pid: int) -> int | None:
+        """Start time of `pid` in clock ticks since boot (stat field 22), None if it is gone."""
+        return start_ticks_of(self.stat(pid))
 
     def status(self, pid: int) -> str | None:
         """`/proc/<pid>/status`."""

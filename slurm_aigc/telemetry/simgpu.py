@@ -30,6 +30,7 @@ from typing import Any
 
 from slurm_aigc.errors import AigcError
 from slurm_aigc.fsio import atomic_write_text
+from slurm_aigc.telemetry.procfs import ProcFs
 from slurm_aigc.telemetry.records import (
     GpuProcess,
     GpuReading,
@@ -229,20 +230,6 @@ def parse_proc_load(text: str) -> ProcLoad:
     )
 
 
-def process_start_ticks(proc_root: Path, pid: int) -> int | None:
-    """Start time of `pid` in clock ticks since boot (`/proc/<pid>/stat` field 22), None if gone."""
-    try:
-        stat = (Path(proc_root) / str(pid) / "stat").read_text(encoding="ascii", errors="replace")
-    except OSError:
-        return None
-    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-    fields = stat[stat.rfind(")") + 2 :].split()
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return None
-
-
 # --------------------------------------------------------------------------- backend
 
 
@@ -293,7 +280,7 @@ class SimGpuBackend:
         except (ValueError, KeyError, TypeError) as error:
             LOG.warning("ignoring malformed process file %s: %s", path, error)
             return None
-        ticks = process_start_ticks(self.proc_root, load.pid)
+        ticks = ProcFs(self.proc_root).start_ticks(load.pid)
         if ticks is None or (load.start_ticks is not None and ticks != load.start_ticks):
             LOG.info("removing process file %s: pid %d is gone", path, load.pid)
             _unlink_quietly(path)

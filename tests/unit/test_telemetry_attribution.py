@@ -22,7 +22,6 @@ from slurm_aigc.telemetry.attribution import (
     job_gpu_usage,
     parse_index_env,
     parse_job_record,
-    start_ticks_of,
     uid_of,
 )
 from slurm_aigc.telemetry.procfs import JobRecordDir, ProcFs
@@ -327,8 +326,6 @@ def test_record_dir_reads_root_owned_records_only(tmp_path: Path) -> None:
         assert JobRecordDir("a100-01", tmp_path).read() == {}  # owned by a user, not root
 
 
-def test_start_ticks_and_uid_parsing() -> None:
-    assert start_ticks_of("5 (a (b) c) S " + " ".join(["0"] * 18) + " 4242 9") == 4242
-    assert start_ticks_of("5 (x) S 1") is None and start_ticks_of(None) is None
+def test_uid_parsing() -> None:
     assert uid_of("Name:\tx\nUid:\t1000\t1000\t1000\t1000\n") == 1000
     assert uid_of("Name:\tx\n") is None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -17,7 +16,6 @@ from slurm_aigc.telemetry.simgpu import (
     SimGpuBackend,
     SimGpuError,
     parse_proc_load,
-    process_start_ticks,
     sim_gpus,
     sim_topology_text,
     write_inventory,
@@ -143,12 +141,6 @@ def test_topology_text_is_the_inventory_topology(simdir: Path, proc_root: Path) 
 def test_proc_file_round_trip(simdir: Path) -> None:
     load = ProcLoad(42, (GpuLoad(1, 33.0, 2048.0, 0.4),), "loading", "99", 777)
     assert parse_proc_load(write_proc_load(simdir, NODE, load).read_text()) == load
-
-
-def test_process_start_ticks_of_this_process() -> None:
-    ticks = process_start_ticks(Path("/proc"), os.getpid())
-    assert ticks is not None and ticks == process_start_ticks(Path("/proc"), os.getpid())
-    assert process_start_ticks(Path("/proc"), 2**22 + 12345) is None
 
 
 def test_open_backend_selects_by_kind_and_starts_nvml(simdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
