@@ -30,6 +30,8 @@ local MAX_COMMENT_READ = 1024
 -- The trusted stamp opening the AdminComment (slurm_aigc/tags.py): only slurmctld and admins
 -- can write that field, so the daemons believe it and never the user's comment.
 local STAMP_CLASS, STAMP_RECLAIM, STAMP_SIGNAL = "aigc_class=", "aigc_reclaim=", "aigc_signal="
+-- `aigc_learned=1`: the hook filled keys the tag left out from the learned table (learned_defaults).
+local STAMP_LEARNED = "aigc_learned="
 
 local M = {}
 
@@ -719,6 +721,7 @@ local function stamp_text(view)
     local tags = view.tags
     if tags and tags.reclaim == false then text = text .. " " .. STAMP_RECLAIM .. "no" end
     if tags and tags.signal then text = text .. " " .. STAMP_SIGNAL .. tags.signal end
+    if view.learned_applied then text = text .. " " .. STAMP_LEARNED .. "1" end
     return text
 end
 
@@ -835,6 +838,103 @@ local function check_claim(view, tags, problems)
     return problems
 end
 
+-- ---------------------------------------------------------------------------------------------
+-- Learned defaults for untagged jobs (policy `learned:`; slurm_aigc/telemetry/learned.py says
+-- how the controller learns them and why each rule exists). Most jobs carry no tag, so the
+-- rules above would give them nothing; their owner's earlier jobs with a similar name tell
+-- the class, the VRAM need and the SM share.
+
+local LEARNED = P.learned and P.learned.enabled and P.learned or nil
+local PATTERN_READ = 128  -- bytes of the name a key is made from (learned.py PATTERN_READ)
+local COUNTER_PREFIXES = set_of({ "v", "r", "p", "run", "job", "seed", "step", "ep", "epoch", "iter", "trial", "part",
+    "task", "try", "rep", "shard" })
+
+-- A counter, date, hash or timestamp word: dropped from the end of a name's key.
+local function id_like(word)
+    if match(word, "^%d+$") then return true end
+    if #word >= 8 and match(word, "^[0-9a-f]+$") and find(word, "%d") then return true end
+    if match(word, "^%d%d%d%d%d%d%d%dt%d+z?$") then return true end
+    local prefix = match(word, "^(%l+)%d+$")
+    return prefix ~= nil and COUNTER_PREFIXES[prefix] == true
+end
+
+-- `SD_Gen.0042` -> `sd-gen`: the first PATTERN_READ bytes, ASCII lower-cased, split into words
+-- at every ASCII byte that is not a letter or digit (non-ASCII bytes are word bytes), trailing
+-- id-like words dropped (never the first), joined by `-`. Same as learned.py `name_pattern`
+-- (a property test holds them equal). Plain words only: nothing in a key is a pattern.
+local function learned_key(name)
+    if type(name) ~= "string" then return "" end
+    local words = {}
+    for word in gmatch(lower(sub(name, 1, PATTERN_READ)), "[a-z0-9\128-\255]+") do words[#words + 1] = word end
+    while #words > 1 and id_like(words[#words]) do words[#words] = nil end
+    return table.concat(words, "-")
+end
+M.learned_key = learned_key
+
+-- One entry per line: `uid pattern class vram_gib sm ...` (learned.py format_table; `-` = none).
+-- A class the policy does not have (or interactive), a VRAM that is not a positive number or an
+-- SM outside 0..1 is dropped (NaN fails every comparison); at most max_entries lines are read.
+local function learned_entry(class, vram, sm)
+    local entry = { class = (CLASS_SET[class] and class ~= "interactive") and class or nil }
+    vram, sm = tonumber(vram), tonumber(sm)
+    if vram and vram > 0 and vram < 1048576 then entry.vram = vram end
+    if sm and sm >= 0 and sm <= 1 then entry.sm = sm end
+    return entry
+end
+
+local function read_learned(path, max_entries)
+    local entries, count = {}, 0
+    local handle = io.open(path, "r")
+    if not handle then return entries end
+    for line in handle:lines() do
+        local uid, pattern, class, vram, sm = match(line, "^(%d+) (%S+) (%S+) (%S+) (%S+)")
+        if uid then
+            entries[uid .. " " .. pattern] = learned_entry(class, vram, sm)
+            count = count + 1
+            if count >= max_entries then break end
+        end
+    end
+    handle:close()
+    return entries
+end
+
+-- The file is written by the controller only (root, 0644, in a root-owned directory; Lua 5.1
+-- cannot stat it cheaply, so `slurm-aigc learned show` checks owner and mode, docs/security.md).
+-- Like the published features, the table is the hook's state between calls: job_submit/lua
+-- serialises every call (its own mutex), and a read replaces it whole only once complete.
+local learned_table, learned_read_at = nil, nil
+
+local function learned_entries()
+    local now = os.time()
+    if learned_read_at and now - learned_read_at < LEARNED.refresh_seconds then return learned_table end
+    local entries = read_learned(LEARNED.file, LEARNED.max_entries)
+    learned_table, learned_read_at = entries, now
+    return learned_table
+end
+
+-- A job whose tag gives no `type` (or that has no tag): its owner's learned entry for its name
+-- fills the keys the tag leaves out (class, vram), so the rules (shard, vram_fit, nvlink,
+-- class_defaults) apply as if the user had tagged them. `view.learned` = {class, vram, sm, key}
+-- (sm 0..1, read by rule_shard). Submit only, never root's jobs (never rewritten).
+local function learned_defaults(view, tags)
+    if not LEARNED or view.modify or view.uid == 0 or (tags and tags.type) then return tags end
+    local key = learned_key(get(view, "name"))
+    if key == "" then return tags end
+    local entry = learned_entries()[tostring(view.uid) .. " " .. key]
+    if not entry then return tags end
+    view.learned = { class = entry.class, vram = entry.vram, sm = entry.sm, key = key }
+    tags = tags or {}
+    local used = {}
+    if entry.class then tags.type = entry.class; used[#used + 1] = "type=" .. entry.class end
+    if entry.vram and tags.vram == nil then tags.vram = entry.vram; used[#used + 1] = format("vram=%gG", entry.vram) end
+    if #used > 0 then
+        view.learned_applied = true
+        note_user(view, format("aigc: from your earlier jobs named like '%s': %s (learned; a tag overrides it)",
+            key, table.concat(used, ",")))
+    end
+    return tags
+end
+
 -- The class the rules use: the tag's `type`, else the detection rules. On modify this may
 -- differ from the stamp written at submit, which stays (22.05 refuses an owner's update that
 -- sets admin_comment): a re-tag changes how the owner's own job is placed, never what the
@@ -848,6 +948,7 @@ local function run(view)
     local comment = get(view, "comment")
     local tags, problems = parse_tags(comment)
     problems = check_claim(view, tags, problems)
+    tags = learned_defaults(view, tags)
     view.tags = tags
     if tags ~= nil or DETECTION_NEEDS_GPUS then
         local gpu, ambiguous = find_gpu(view)

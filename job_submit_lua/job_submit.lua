@@ -12,7 +12,7 @@ local pcall, tostring = pcall, tostring
 AIGC_LAST_CLASS = nil
 -- The hook's pure helpers, for `slurm-aigc` in lupa (slurm_aigc/tags.py is held equal to them).
 AIGC_PURE = { parse_tags = hook.parse_tags, stamp_of = hook.stamp_of, glob_matches = hook.glob_matches,
-    shard_request = hook.shard_request }
+    shard_request = hook.shard_request, learned_key = hook.learned_key }
 
 local function guarded(entry, ...)
     local ok, rc, class = pcall(entry, ...)

@@ -26,7 +26,7 @@ import re
 UNKNOWN_CLASS = "unknown"
 TAG_PREFIX = "aigc:"
 MAX_COMMENT_READ = 1024  # bytes the hook reads: Slurm's own comment limit (MAX_COMMENT_READ in aigc_hook.lua)
-STAMP_KEYS = ("class", "reclaim", "signal")
+STAMP_KEYS = ("class", "reclaim", "signal", "learned")  # learned: the hook filled untagged keys from the learned table
 # Signals a job may declare it handles (`aigc:signal=USR1`, `aigc:signal=B.USR1`), which are
 # also the only ones the reclaim `signal` rung may send while cancelling is off
 # (policy/sections.py): every other signal's default action ends or stops the job.
@@ -182,14 +182,16 @@ def stamp_of(admin_comment: str | None) -> str:
     return " ".join(match.group(0) for match in _stamp_words(admin_comment))
 
 
-def stamp(job_class: str, opt_out: bool = False, signal: str = "") -> str:
-    """The stamp the hook writes: `aigc_class=<class>` (+ ` aigc_reclaim=no`) (+ ` aigc_signal=B.USR1`)."""
+def stamp(job_class: str, opt_out: bool = False, signal: str = "", learned: bool = False) -> str:
+    """The stamp the hook writes: `aigc_class=<class>` (+ ` aigc_reclaim=no`) (+ ` aigc_signal=B.USR1`)
+    (+ ` aigc_learned=1` when the hook took untagged keys from the learned table)."""
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", job_class):
         raise ValueError(f"class {job_class!r} cannot be stamped: use letters, digits, _ . -")
     declared = signal_tag(signal) if signal else ""
     if declared is None:
         raise ValueError(f"signal {signal!r} cannot be stamped: use one of {', '.join(SIGNAL_NAMES)}, B. for the batch shell")
-    return f"aigc_class={job_class}" + (" aigc_reclaim=no" if opt_out else "") + (f" aigc_signal={declared}" if declared else "")
+    return (f"aigc_class={job_class}" + (" aigc_reclaim=no" if opt_out else "")
+            + (f" aigc_signal={declared}" if declared else "") + (" aigc_learned=1" if learned else ""))
 
 
 def admin_comment_with(existing: str | None, note: str, max_len: int | None = None) -> str:

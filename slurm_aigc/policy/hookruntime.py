@@ -296,6 +296,10 @@ class HookRuntime:
         names = [_from_lua(t[b"name"]) for t in kept.values()] if kept is not None else []
         return (int(shards) if shards is not None else None), names, sm
 
+    def learned_key(self, name: str) -> str:
+        """The hook's learned-table key of a job name (`learned_key`; telemetry/learned.py `name_pattern`)."""
+        return str(_from_lua(self._pure(b"learned_key")(_to_lua(name))))
+
     def _pure(self, name: bytes) -> Any:
         return self._lua.globals()[b"AIGC_PURE"][name]
 

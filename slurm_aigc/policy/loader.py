@@ -35,7 +35,13 @@ from slurm_aigc.policy.model import (
     Toggle,
     VramFitRule,
 )
-from slurm_aigc.policy.sections import agent_section, reclaim_section, scoring_section, storage_section
+from slurm_aigc.policy.sections import (
+    agent_section,
+    learned_section,
+    reclaim_section,
+    scoring_section,
+    storage_section,
+)
 from slurm_aigc.validation import (
     Node,
     absolute_path,
@@ -51,7 +57,7 @@ from slurm_aigc.validation import (
     word,
 )
 
-TOP_LEVEL = {"inventory", "classes", "detection", "rewrites", "hook", "storage", "reclaim", "scoring", "agent"}
+TOP_LEVEL = {"inventory", "classes", "detection", "rewrites", "hook", "storage", "reclaim", "scoring", "agent", "learned"}
 # What the job_submit hook cannot do without; a daemon's file may leave them out.
 HOOK_REQUIRED = {"inventory", "classes"}
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -116,6 +122,7 @@ def parse_policy(root: Node, *, hook_sections: bool = True, simgpu_dir: str | No
                         gib_per_shard={t.name: t.gib_per_shard for t in inventory.gpu_types if t.shards_per_gpu}),
         scoring=scoring_section(section(root, "scoring"), rewrites.model_prefer.published_features_file),
         agent=agent_section(section(root, "agent"), simgpu_dir),
+        learned=learned_section(section(root, "learned")),
     )
 
 

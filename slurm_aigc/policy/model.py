@@ -279,6 +279,30 @@ class StorageConfig:
     raw_retention_hours: float = 48.0
 
 
+# --------------------------------------------------------------------------- learned defaults
+
+DEFAULT_LEARNED_FILE = "/var/lib/slurm-aigc/learned-defaults.txt"
+
+
+@dataclass(frozen=True)
+class LearnedConfig:
+    """The `learned:` section: defaults for untagged jobs learned from their owners' history.
+
+    Opt-in: the controller learns per (user, job-name pattern) and writes `file`, which the hook
+    reads (slurm_aigc/telemetry/learned.py explains every rule).
+    """
+
+    enabled: bool = False
+    file: str = DEFAULT_LEARNED_FILE
+    min_jobs: int = 5  # jobs behind each learned value: one or two runs are an accident
+    max_age_days: float = 14.0  # older jobs say little about the next one
+    max_entries: int = 10000  # the hook reads the whole file: keep it bounded
+    refresh_seconds: int = 60  # the hook re-reads the file at most this often
+    interval_s: float = 600.0  # the controller learns at most this often
+    vram_margin_pct: float = 10.0  # added to the p95 of the peaks before rounding up to GiB
+    min_class_share: float = 0.8  # a class is learned only when this share of the evidence agrees
+
+
 @dataclass(frozen=True)
 class Policy:
     source: str
@@ -291,3 +315,4 @@ class Policy:
     reclaim: ReclaimConfig = ReclaimConfig()
     scoring: ScoringConfig = ScoringConfig()
     agent: AgentConfig = AgentConfig()
+    learned: LearnedConfig = LearnedConfig()

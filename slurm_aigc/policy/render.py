@@ -140,6 +140,9 @@ def policy_table(policy: Policy) -> dict[str, LuaValue]:
             "strict_tags": h.strict_tags, "debug_log": h.debug_log, "skip_root": h.skip_root,
             "untouched_classes": list(h.untouched_classes),
         },
+        # What the hook needs of `learned:`: the file the controller writes and how often to re-read it.
+        "learned": {"enabled": policy.learned.enabled, "file": policy.learned.file,
+                    "refresh_seconds": policy.learned.refresh_seconds, "max_entries": policy.learned.max_entries},
     }
 
 

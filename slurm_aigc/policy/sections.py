@@ -20,6 +20,7 @@ from slurm_aigc.policy.model import (
     AgentConfig,
     ClassPolicy,
     Exemptions,
+    LearnedConfig,
     NotifyConfig,
     ReclaimConfig,
     ScoringConfig,
@@ -252,3 +253,24 @@ def storage_section(node: Node) -> StorageConfig:
     node = Node(node.source, node.path, node.value or {})
     base = StorageConfig()
     return StorageConfig(number(node, "raw_retention_hours", base.raw_retention_hours, above=0, what="number of hours"))
+
+
+def learned_section(node: Node) -> LearnedConfig:
+    """`learned:` (defaults for untagged jobs, slurm_aigc/telemetry/learned.py); off unless enabled."""
+    mapping(node, {f.name for f in fields(LearnedConfig)})
+    node = Node(node.source, node.path, node.value or {})
+    base = LearnedConfig()
+    path = absolute_path(node, "file", base.file)
+    if path is None:  # the hook and the controller must agree on one file; `enabled: false` turns it off
+        raise node.child("file").error("expected an absolute path (turn learning off with enabled: false)")
+    return LearnedConfig(
+        enabled=flag(node, "enabled", base.enabled),
+        file=path,
+        min_jobs=integer(node, "min_jobs", base.min_jobs, minimum=1),
+        max_age_days=number(node, "max_age_days", base.max_age_days, above=0, what="number of days"),
+        max_entries=integer(node, "max_entries", base.max_entries, minimum=1, maximum=1_000_000),
+        refresh_seconds=integer(node, "refresh_seconds", base.refresh_seconds, minimum=0),
+        interval_s=number(node, "interval_s", base.interval_s, above=0),
+        vram_margin_pct=number(node, "vram_margin_pct", base.vram_margin_pct, minimum=0, maximum=1000, what="percentage"),
+        min_class_share=number(node, "min_class_share", base.min_class_share, above=0.5, maximum=1, what="fraction"),
+    )

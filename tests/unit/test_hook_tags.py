@@ -28,7 +28,7 @@ POLICY = load_policy(shipped_policy())
 CLASSES = frozenset(POLICY.classes)
 # Whitespace Python knows and Lua's %s (C locale) does not, and the other way round none.
 ODD_SPACE = ["\x1c", "\x1d", "\x1e", "\x1f", "\x85", "\xa0", "\u2028", "\u3000", "\x0b", "\x0c", "\r", "\t", "\n", " "]
-PIECES = ["aigc:", "aigc_class=", "aigc_reclaim=no", "type=", "model=", "vram=", "share=", "nvlink=", "reclaim=",
+PIECES = ["aigc:", "aigc_class=", "aigc_reclaim=no", "aigc_learned=1", "type=", "model=", "vram=", "share=", "nvlink=", "reclaim=",
           "infer", "TRAIN", "Interactive", "\u212aB", "20G", "0.5T", "1e3G", "٣G", "512m", "yes", "No", "ON", "0",
           ",", ",,", "=", ";", "|", "%", "x", "é", "\x00", "\udc80", *ODD_SPACE,
           "signal=", "USR1", "usr2", "B.", "b:", "B:", "SIG", "sig", "TERM", "KILL", "10", "WINCH", "ſ"]
@@ -112,6 +112,8 @@ def test_a_daemon_note_keeps_the_stamp_in_front_and_cannot_forge_one() -> None:
 def test_stamp_text() -> None:
     assert stamp("train") == "aigc_class=train" and stamp("infer", opt_out=True) == "aigc_class=infer aigc_reclaim=no"
     assert stamp("train", signal="b:sigusr1") == "aigc_class=train aigc_signal=B.USR1"
+    assert stamp("infer", learned=True) == "aigc_class=infer aigc_learned=1"
+    assert trusted_tags(stamp("infer", learned=True)) == {"class": "infer", "learned": "1"}
 
 
 def test_examples_of_the_signal_key() -> None:

@@ -121,6 +121,7 @@ def test_shipped_file_states_exactly_the_model_defaults() -> None:
     assert from_file.storage == from_defaults.storage
     assert from_file.scoring == from_defaults.scoring
     assert from_file.agent == from_defaults.agent
+    assert from_file.learned == from_defaults.learned
     assert replace(from_file.reclaim, classes={}) == from_defaults.reclaim
     # The three the issue found different (controller vs hook): one value each now.
     assert (from_defaults.reclaim.poll_interval_s, from_defaults.reclaim.defaults.min_samples,
@@ -197,7 +198,7 @@ def every_numeric_key() -> list[str]:
 
 def test_the_shipped_file_has_numbers_in_every_section_we_check() -> None:
     sections = {path.split(".")[0] for path in every_numeric_key()}
-    assert sections == {"inventory", "detection", "rewrites", "storage", "reclaim", "scoring", "agent"}
+    assert sections == {"inventory", "detection", "rewrites", "storage", "reclaim", "scoring", "agent", "learned"}
 
 
 @pytest.mark.parametrize("key_path", every_numeric_key())
@@ -340,7 +341,10 @@ def test_the_shipped_file_states_every_key_of_the_daemon_sections() -> None:
     from slurm_aigc.policy.model import AgentConfig, ClassPolicy, ReclaimConfig, ScoringConfig, StorageConfig
 
     document = shipped()
-    for name, kind in (("agent", AgentConfig), ("scoring", ScoringConfig), ("storage", StorageConfig)):
+    from slurm_aigc.policy.model import LearnedConfig
+
+    for name, kind in (("agent", AgentConfig), ("scoring", ScoringConfig), ("storage", StorageConfig),
+                       ("learned", LearnedConfig)):
         assert set(document[name]) == {f.name for f in fields(kind)}, name
     assert set(document["reclaim"]) == {f.name for f in fields(ReclaimConfig)} - {"shards_per_gpu", "gib_per_shard"}
     assert set(document["reclaim"]["defaults"]) == {f.name for f in fields(ClassPolicy)}

@@ -1,0 +1,287 @@
+"""Learned defaults for untagged jobs (pure): from job history, per (user, job-name pattern), the
+class, the VRAM need and the expected SM fraction; and the file the job_submit hook reads.
+
+Most jobs on a real cluster carry no `aigc:` tag, so the hook knows neither their class nor
+their VRAM and can neither share a GPU nor fit a GPU type for them. Their owners' earlier
+jobs with a similar name tell both. The controller (`telemetry/learnpublish.py`) reads the
+history (sacct records and the agents' samples), calls `learn`, and writes `format_table`'s
+bytes; the hook (`learned_defaults` in job_submit_lua/aigc_hook.lua) reads the file and fills
+only the keys a job's tag leaves out.
+
+Rules, and why each exists:
+
+* **Key: (uid, name pattern).** One user's history never shapes another user's jobs, so
+  nobody can steer someone else's placement by running (or naming) jobs. The uid, not the
+  name, because slurmctld hands the hook the submitting uid, which a user cannot choose.
+* **Pattern** (`name_pattern`, the hook's `learned_key` does the same byte for byte, a
+  property test holds them equal): the first `PATTERN_READ` bytes of the name, ASCII
+  lower-cased, split into words at every ASCII byte that is not a letter or digit (bytes
+  >= 0x80, i.e. non-ASCII UTF-8, are word bytes), then trailing id-like words dropped
+  (`sd-gen-0042` and `sd-gen-0043` -> `sd-gen`), words joined by `-`. Cut first, then
+  strip: slurmdbd keeps 255 bytes of a name, the hook sees up to 1,024, and both must
+  find the same key. The pattern is a plain word list: no glob or Lua pattern character
+  survives, so a hostile name can neither break the file's lines nor become a wildcard.
+* **Id-like words**: all digits (counters, dates split at `-`), hex of 8 or more with a
+  digit (hashes, uuids), a compact timestamp `20261203t1230`, or a short counter prefix
+  followed by digits (`run7`, `v2`, `seed42`). Model sizes (`8b`, `70b`) and names with
+  digits inside (`llama3`) are kept: they change the VRAM a job needs. The first word is
+  never dropped, so every name has a key.
+* **Recency** (`max_age_days`): code, models and data change; a job older than that says
+  little about the next one.
+* **At least `min_jobs`** jobs back each learned value: one or two runs are an accident.
+* **VRAM**: the 95th percentile of the jobs' peak memory per GPU, plus `vram_margin_pct`,
+  rounded up to whole GiB. The p95 (nearest rank), not the maximum: one leaking run must not
+  push every later job onto the biggest GPUs; not the mean: a job given less than it needs
+  gets requeued by the memory guard when it shares a GPU.
+* **SM fraction**: the mean over the jobs of each job's time-weighted mean SM utilization,
+  0..1 (compute-aware sharing reads it as `view.learned.sm`).
+* **Class**: the class stamped at submit (`aigc_class=`, which only slurmctld and admins
+  write) of the user's jobs under that key, when one class holds at least `min_class_share`
+  of them. Jobs whose stamp says `aigc_learned=1` never count as evidence of a class: the
+  learner must not feed on its own guesses (a wrong guess would confirm itself forever).
+  Such a key loses its class once its real evidence is older than `max_age_days`; its VRAM
+  and SM are measured values and keep counting. `unknown` and `interactive` are no
+  evidence (interactive means no batch script, which learning cannot grant).
+* **At most `max_entries`** entries, the best-backed first: the hook reads the whole file,
+  so its size stays bounded whatever the history holds.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from slurm_aigc.errors import AigcError
+from slurm_aigc.policy.model import LearnedConfig
+from slurm_aigc.report.records import SampleSlice
+from slurm_aigc.stats import mean, percentile
+from slurm_aigc.tags import UNKNOWN_CLASS, trusted_tags
+
+PATTERN_READ = 128  # bytes of a job name the key is made from (< slurmdbd's 255)
+HEADER = b"# slurm-aigc learned defaults v1: uid pattern class vram_gib sm jobs class_jobs p95_peak_mib user\n"
+NONE = "-"  # a field without a learned value
+LEARNED_STAMP_KEY = "learned"  # aigc_learned=1 in the AdminComment stamp (slurm_aigc/tags.py)
+_NOT_EVIDENCE = frozenset({UNKNOWN_CLASS, "interactive"})
+_SEPARATOR_RE = re.compile(rb"[\x00-\x2f\x3a-\x60\x7b-\x7f]+")  # ASCII that is not [a-z0-9] after lower-casing
+_COUNTER_PREFIXES = frozenset({
+    "v", "r", "p", "run", "job", "seed", "step", "ep", "epoch", "iter", "trial", "part", "task", "try", "rep", "shard",
+})
+_USER_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_CLASS_RE = re.compile(r"[a-z][a-z0-9_]*")
+_ASCII_LOWER = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ", b"abcdefghijklmnopqrstuvwxyz")
+
+
+class LearnedTableError(AigcError):
+    """A learned-defaults file that cannot be read (a line names what is wrong)."""
+
+
+# --------------------------------------------------------------------------- name patterns
+
+
+def _id_like(word: bytes) -> bool:
+    """A counter, date, hash or timestamp word (see the module docstring)."""
+    if word.isdigit():
+        return True
+    if len(word) >= 8 and re.fullmatch(rb"[0-9a-f]+", word) and re.search(rb"[0-9]", word):
+        return True
+    if re.fullmatch(rb"[0-9]{8}t[0-9]+z?", word):
+        return True
+    prefix = re.fullmatch(rb"([a-z]+)[0-9]+", word)
+    return prefix is not None and prefix.group(1).decode("ascii") in _COUNTER_PREFIXES
+
+
+def name_pattern(name: str | bytes | None) -> str:
+    """`SD_Gen.0042` -> `sd-gen`; '' for a name without words. Same as the hook's `learned_key`."""
+    raw = name if isinstance(name, bytes) else (name or "").encode("utf-8", "surrogateescape")
+    words = [w for w in _SEPARATOR_RE.split(raw[:PATTERN_READ].translate(_ASCII_LOWER)) if w]
+    while len(words) > 1 and _id_like(words[-1]):
+        words.pop()
+    return b"-".join(words).decode("utf-8", "surrogateescape")
+
+
+# --------------------------------------------------------------------------- history in
+
+
+@dataclass(frozen=True)
+class HistoryJob:
+    """One finished (or running) job as sacct recorded it; `uid` None when the user is unknown here."""
+
+    job_id: str
+    user: str
+    uid: int | None
+    name: str
+    admin_comment: str  # the hook's trusted stamp opens it
+    gpus: int  # GPUs (or shard GRES) requested; 0: not a GPU job
+    end_ts: float | None  # None: still running
+    start_ts: float | None
+
+
+@dataclass(frozen=True)
+class JobUsage:
+    """What the agents saw of one job: peak memory on any one GPU, time-weighted mean SM %."""
+
+    peak_vram_mib: float | None
+    mean_sm_pct: float | None
+
+
+def usage_from_slices(slices: Iterable[SampleSlice]) -> dict[str, JobUsage]:
+    """Per job id: the highest memory any of its GPUs held and its SM % weighted by slice time."""
+    peak: dict[str, float] = {}
+    busy: dict[str, float] = {}
+    known: dict[str, float] = {}
+    for s in slices:
+        if s.memory_used_mib is not None:
+            peak[s.job_id] = max(peak.get(s.job_id, 0.0), s.memory_used_mib)
+        if s.sm_util_pct is not None and s.duration_s > 0:
+            busy[s.job_id] = busy.get(s.job_id, 0.0) + s.sm_util_pct * s.duration_s
+            known[s.job_id] = known.get(s.job_id, 0.0) + s.duration_s
+    ids = set(peak) | set(known)
+    return {j: JobUsage(peak.get(j), busy[j] / known[j] if known.get(j) else None) for j in ids}
+
+
+# --------------------------------------------------------------------------- the table
+
+
+@dataclass(frozen=True)
+class LearnedEntry:
+    """One line of the learned table: what a key's history says, and how much history says it."""
+
+    uid: int
+    user: str
+    pattern: str
+    job_class: str | None
+    vram_gib: int | None
+    sm: float | None  # 0..1
+    jobs: int  # jobs with samples behind vram and sm
+    class_jobs: int  # jobs whose stamped class counted as evidence
+    p95_peak_mib: float | None
+
+    @property
+    def key(self) -> tuple[int, str]:
+        return (self.uid, self.pattern)
+
+
+def learn(history: Iterable[HistoryJob], usage: Mapping[str, JobUsage], config: LearnedConfig, now_ts: float,
+          classes: Iterable[str]) -> list[LearnedEntry]:
+    """The learned table from the history, best-backed entries first, at most `max_entries`."""
+    known = frozenset(classes) - _NOT_EVIDENCE
+    groups: dict[tuple[int, str], list[HistoryJob]] = {}
+    users: dict[int, str] = {}
+    for job in _recent_gpu_jobs(history, config, now_ts):
+        assert job.uid is not None
+        pattern = name_pattern(job.name)
+        if pattern:
+            groups.setdefault((job.uid, pattern), []).append(job)
+            users[job.uid] = job.user if _USER_RE.fullmatch(job.user) else NONE
+    entries = [entry for (uid, pattern), jobs in groups.items()
+               if (entry := _entry(uid, users[uid], pattern, jobs, usage, config, known)) is not None]
+    entries.sort(key=lambda e: (-(e.jobs + e.class_jobs), e.uid, e.pattern))
+    return entries[:config.max_entries]
+
+
+def _recent_gpu_jobs(history: Iterable[HistoryJob], config: LearnedConfig, now_ts: float) -> list[HistoryJob]:
+    """GPU jobs of known, non-root users that ended within `max_age_days`, one record per job id.
+
+    Root's jobs are never rewritten by the hook, so nothing is learned for them; a requeued job
+    has a sacct record per run, and the last one speaks for it.
+    """
+    oldest = now_ts - config.max_age_days * 86400.0
+    latest: dict[str, HistoryJob] = {}
+    for job in history:
+        if job.uid is None or job.uid == 0 or job.gpus <= 0 or job.end_ts is None or job.end_ts < oldest:
+            continue
+        if job.job_id not in latest or (latest[job.job_id].end_ts or 0.0) <= job.end_ts:
+            latest[job.job_id] = job
+    return list(latest.values())
+
+
+def _entry(uid: int, user: str, pattern: str, jobs: Sequence[HistoryJob], usage: Mapping[str, JobUsage],
+           config: LearnedConfig, known: frozenset[str]) -> LearnedEntry | None:
+    job_class, class_jobs = _learned_class(jobs, config, known)
+    used = [usage[j.job_id] for j in jobs if j.job_id in usage]
+    peaks = [u.peak_vram_mib for u in used if u.peak_vram_mib is not None and u.peak_vram_mib > 0]
+    sms = [u.mean_sm_pct for u in used if u.mean_sm_pct is not None]
+    p95 = percentile(peaks, 95) if len(peaks) >= config.min_jobs else None
+    vram = None if p95 is None else max(1, math.ceil(p95 * (1 + config.vram_margin_pct / 100) / 1024 - 1e-9))
+    sm_mean = mean(sms) if len(sms) >= config.min_jobs else None
+    sm = None if sm_mean is None else round(min(1.0, max(0.0, sm_mean / 100)), 2)
+    if job_class is None and vram is None and sm is None:
+        return None
+    return LearnedEntry(uid, user, pattern, job_class, vram, sm, max(len(peaks), len(sms)), class_jobs, p95)
+
+
+def _learned_class(jobs: Sequence[HistoryJob], config: LearnedConfig, known: frozenset[str]) -> tuple[str | None, int]:
+    """The dominant stamped class and how many jobs were evidence (see the module docstring)."""
+    counts: dict[str, int] = {}
+    for job in jobs:
+        stamp = trusted_tags(job.admin_comment)
+        cls = stamp.get("class", UNKNOWN_CLASS)
+        if stamp.get(LEARNED_STAMP_KEY) or cls not in known:
+            continue
+        counts[cls] = counts.get(cls, 0) + 1
+    evidence = sum(counts.values())
+    if evidence < config.min_jobs:
+        return None, evidence
+    best = min(counts, key=lambda c: (-counts[c], c))
+    return (best if counts[best] >= config.min_class_share * evidence else None), evidence
+
+
+# --------------------------------------------------------------------------- the file
+
+
+def format_table(entries: Sequence[LearnedEntry]) -> bytes:
+    """The file the hook reads: a header line, then one line per entry, fields split by one space.
+
+    `uid pattern class vram_gib sm jobs class_jobs p95_peak_mib user`; `-` for no value. The
+    hook reads the first five fields, `slurm-aigc classify`/`learned show` all of them.
+    """
+    lines = [HEADER]
+    for e in entries:
+        fields = [str(e.uid), e.pattern, e.job_class or NONE, _opt(e.vram_gib), _opt(e.sm), str(e.jobs),
+                  str(e.class_jobs), NONE if e.p95_peak_mib is None else f"{e.p95_peak_mib:.0f}", e.user]
+        lines.append(" ".join(fields).encode("utf-8", "surrogateescape") + b"\n")
+    return b"".join(lines)
+
+
+def _opt(value: float | int | None) -> str:
+    return NONE if value is None else f"{value:g}"
+
+
+def parse_table(data: bytes, source: str = "learned table") -> list[LearnedEntry]:
+    """`format_table`'s bytes back into entries; a bad line is a LearnedTableError naming it."""
+    entries = []
+    for number, line in enumerate(data.split(b"\n"), start=1):
+        if not line or line.startswith(b"#"):
+            continue
+        try:
+            entries.append(_parse_line(line))
+        except (ValueError, UnicodeDecodeError) as error:
+            raise LearnedTableError(f"{source}: line {number}: {error}") from None
+    return entries
+
+
+def _parse_line(line: bytes) -> LearnedEntry:
+    fields = line.split(b" ")
+    if len(fields) != 9:
+        raise ValueError(f"expected 9 fields split by single spaces, got {len(fields)}")
+    uid, pattern, cls, vram, sm, jobs, class_jobs, p95, user = (f.decode("utf-8", "surrogateescape") for f in fields)
+    if not uid.isdigit() or not pattern or name_pattern(pattern.encode("utf-8", "surrogateescape")) != pattern:
+        raise ValueError(f"not a uid and a name pattern: {uid!r} {pattern!r}")
+    if cls != NONE and not _CLASS_RE.fullmatch(cls):
+        raise ValueError(f"not a class name: {cls!r}")
+    sm_value = None if sm == NONE else float(sm)
+    if sm_value is not None and not 0 <= sm_value <= 1:
+        raise ValueError(f"sm must be within 0..1, got {sm!r}")
+    vram_value = None if vram == NONE else int(vram)
+    if vram_value is not None and vram_value < 1:
+        raise ValueError(f"vram_gib must be >= 1, got {vram!r}")
+    return LearnedEntry(int(uid), user, pattern, None if cls == NONE else cls, vram_value, sm_value, int(jobs),
+                        int(class_jobs), None if p95 == NONE else float(p95))
+
+
+def lookup(entries: Iterable[LearnedEntry], uid: int, name: str | None) -> LearnedEntry | None:
+    """The entry the hook would use for a job of `uid` named `name`, or None."""
+    key = (uid, name_pattern(name))
+    return next((e for e in entries if e.key == key), None)
