@@ -13,6 +13,7 @@ comment such as `x JobId=53 Account=vip` is indistinguishable from Slurm's own f
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shlex
@@ -29,9 +30,18 @@ from slurm_aigc.slurmjson import JsonObject
 from slurm_aigc.slurmrecords import JobInfo as JobInfo  # re-exported: callers import them from here too
 from slurm_aigc.slurmrecords import NodeInfo as NodeInfo
 
+LOG = logging.getLogger(__name__)
+
 # `scontrol --json` exists from 23.02 (data_parser); 22.05 has `squeue --json` and
 # `sinfo --json` only (openapi/v0.0.38), and its squeue ignores `-j` with `--json`.
 SCONTROL_JSON_SINCE = (23, 2, 0)
+# `--json` alone answers in the newest data_parser a release ships (v0.0.42 on 24.11, v0.0.43
+# on 25.05, ... v0.0.45 on 26.05), so from 25.05 on the boundary asks for v0.0.42, the newest
+# shape CI reads (24.11's default). Releases 24.11 to 26.05 ship it; 26.11 drops it. 22.05
+# (openapi v0.0.38, no data_parser) and 24.11 keep plain `--json` (docs/slurm-boundary.md).
+JSON_PARSER_PINNED = "v0.0.42"
+JSON_PIN_SINCE, JSON_PIN_UNTIL = (25, 5, 0), (26, 11, 0)
+JSON_TOOLS = frozenset({"scontrol", "squeue", "sinfo", "sacct"})
 
 
 @dataclass(frozen=True)
@@ -229,16 +239,39 @@ class SlurmCli:
         self._runner = runner
         self._timeout_s = timeout_s
         self._version = slurm_version
+        self._warned_json = False
+
+    def _slurm_version(self) -> tuple[int, int, int]:
+        """`scontrol --version`, asked once per SlurmCli."""
+        if self._version is None:
+            self._version = self.version()
+        return self._version
 
     def _json_scontrol(self) -> bool:
         """Which JSON source to read, chosen once per SlurmCli from `scontrol --version`."""
-        if self._version is None:
-            self._version = self.version()
-        return self._version >= SCONTROL_JSON_SINCE
+        return self._slurm_version() >= SCONTROL_JSON_SINCE
+
+    def json_option(self) -> str:
+        """`--json`, or `--json=v0.0.42` on Slurm 25.05 to 26.05 (one tested output shape)."""
+        version = self._slurm_version()
+        if JSON_PIN_SINCE <= version < JSON_PIN_UNTIL:
+            return f"--json={JSON_PARSER_PINNED}"
+        if version >= JSON_PIN_UNTIL and not self._warned_json:
+            self._warned_json = True
+            LOG.warning("Slurm %d.%02d has no data_parser %s: reading its default --json output, a shape "
+                        "slurm-aigc was not tested on", version[0], version[1], JSON_PARSER_PINNED)
+        return "--json"
+
+    def _pin_json(self, argv: Sequence[str]) -> list[str]:
+        """argv with a bare `--json` of scontrol/squeue/sinfo/sacct replaced by `json_option()`."""
+        if argv[0] not in JSON_TOOLS or "--json" not in argv[1:]:
+            return list(argv)
+        option = self.json_option()
+        return [argv[0], *(option if arg == "--json" else arg for arg in argv[1:])]
 
     def run(self, tool: str, args: Sequence[str]) -> CommandResult:
-        """Run one Slurm tool; a non-zero exit raises SlurmCommandError."""
-        result = self._runner([tool, *args], self._timeout_s)
+        """Run one Slurm tool; a non-zero exit raises SlurmCommandError. `--json` is pinned (`json_option`)."""
+        result = self._runner(self._pin_json([tool, *args]), self._timeout_s)
         if result.returncode != 0:
             raise SlurmCommandError(result.argv, result.returncode, result.stderr or result.stdout)
         return result
@@ -317,7 +350,7 @@ class SlurmCli:
             argv = ["scontrol", "-d", "--json", "show", "job"] + ([job_id] if job_id else [])
         else:
             argv = ["squeue", "--json"]
-        result = self._runner(argv, self._timeout_s)
+        result = self._runner(self._pin_json(argv), self._timeout_s)
         if result.returncode != 0:
             if "No jobs in the system" in result.stdout + result.stderr or "Invalid job id" in result.stderr:
                 return []

@@ -42,7 +42,8 @@ def db_url(tmp_path: Path) -> str:
 
 
 def env(sacct: RecordedSacct) -> ReportEnv:
-    return ReportEnv(slurm=lambda: SlurmCli(runner=sacct), database=lambda url: open_database(url), now=lambda: NOW)
+    # A set version: the recorded sacct answers every call, `scontrol --version` included.
+    return ReportEnv(slurm=lambda: SlurmCli(runner=sacct, slurm_version=(22, 5, 8)), database=lambda url: open_database(url), now=lambda: NOW)
 
 
 def invoke(sacct: RecordedSacct, *args: str) -> tuple[int, str, str]:

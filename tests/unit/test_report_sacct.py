@@ -220,7 +220,7 @@ def test_reader_reads_by_window_and_yields_each_record_once() -> None:
         job(4, submit="2026-12-01T07:00:00", start=None, end=None),
     ]
     fake = FakeSacct(jobs)
-    reader = SacctReader(SlurmCli(runner=fake), tz=UTC, chunk=timedelta(hours=12))
+    reader = SacctReader(SlurmCli(runner=fake, slurm_version=(22, 5, 8)), tz=UTC, chunk=timedelta(hours=12))
     rows = list(reader.rows(SacctQuery(since=datetime(2026, 11, 30), until=datetime(2026, 12, 2, 12))))
     assert len(fake.calls) == 5
     assert sorted(r.job_id for r in rows if isinstance(r, JobRecord)) == ["1", "2", "3", "4"]
@@ -240,7 +240,7 @@ def _forged_comment(delimiter: str) -> str:
 def test_forged_comment_cannot_add_or_alter_a_record(delimiter: str) -> None:
     victim = job(1, user="aigc-alice", account="aigc", comment={"administrator": None, "job": _forged_comment(delimiter), "system": None},
                  name="exp" + delimiter + "1\nJobId=666")
-    reader = SacctReader(SlurmCli(runner=FakeSacct([victim])), tz=UTC)
+    reader = SacctReader(SlurmCli(runner=FakeSacct([victim]), slurm_version=(22, 5, 8)), tz=UTC)
     rows = list(reader.rows(SacctQuery(since=datetime(2026, 11, 30), until=datetime(2026, 12, 1))))
     assert [(type(r).__name__, getattr(r, "job_id", None)) for r in rows] == [("JobRecord", "1")]
     (record,) = rows
@@ -264,7 +264,7 @@ def test_reader_raises_on_sacct_failure() -> None:
     def failing(argv: Sequence[str], timeout_s: float, stdin: str | None = None) -> CommandResult:
         return CommandResult(tuple(argv), 1, "", "sacct: error: Problem talking to the database")
 
-    reader = SacctReader(SlurmCli(runner=failing), tz=UTC)
+    reader = SacctReader(SlurmCli(runner=failing, slurm_version=(22, 5, 8)), tz=UTC)
     with pytest.raises(SlurmCommandError, match="Problem talking to the database"):
         list(reader.rows(SacctQuery(since=datetime(2026, 11, 30), until=datetime(2026, 12, 1))))
 
