@@ -29,7 +29,6 @@ import math
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 import tempfile
@@ -43,6 +42,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from slurm_aigc.children import spawn_logged, stop_all  # noqa: E402
 from slurm_aigc.localcluster.manager import LocalCluster  # noqa: E402
 from slurm_aigc.localcluster.shape import NodeSpec  # noqa: E402
 from slurm_aigc.shipped import POLICY, shipped_file  # noqa: E402
@@ -106,17 +106,10 @@ class Daemons:
                      str(self.local.db_url_file("controller")), "--dry-run"], "controller", dict(os.environ))
 
     def _start(self, argv: list[str], name: str, env: dict[str, str]) -> None:
-        log = (self.log_dir / f"{name}.log").open("ab")
-        self.procs.append(subprocess.Popen(argv, stdout=log, stderr=log, env=env))
+        self.procs.append(spawn_logged(argv, self.log_dir / f"{name}.log", env))
 
     def stop(self) -> None:
-        for proc in self.procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_all(self.procs, timeout_s=30)
         self.procs = []
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from typing import Any, Protocol
 
 import yaml
 
+from slurm_aigc.children import spawn_logged, stop_all
 from slurm_aigc.db import open_database
 from slurm_aigc.errors import AigcError, SlurmCommandError
 from slurm_aigc.policy.install import install_hook
@@ -416,14 +416,7 @@ class ReplayRun:
             self.progress(f"{self.settings.mode}: timeout: {len(pending_ids)} jobs still not ended; counted as lost")
 
     def _stop_daemons(self) -> None:
-        for process in self.daemons:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in self.daemons:
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_all(self.daemons, timeout_s=20)
         self.daemons.clear()
 
     def _cancel_leftovers(self) -> None:
@@ -477,8 +470,7 @@ class ReplayRun:
 
 
 def _spawn(args: Sequence[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    with open(log, "ab") as out:
-        return subprocess.Popen([SLURM_AIGC_BIN, *args], stdout=out, stderr=subprocess.STDOUT, env=env)
+    return spawn_logged([SLURM_AIGC_BIN, *args], log, env)
 
 
 def _run_cli(args: Sequence[str]) -> None:
