@@ -254,3 +254,17 @@ def test_generated_profiles_play_in_gpu_load() -> None:
         for profile in (job.profile, job.requeue_profile):
             if profile:
                 loadgen.parse_profile_spec(format_phases(profile))
+
+
+def test_the_policy_expected_sm_lies_in_the_generators_sm_range_for_each_shared_class() -> None:
+    # The benchmark measures compute-aware sharing against the generator's SM draws
+    # (docs/replay.md): a policy default outside them would test a different assumption.
+    from slurm_aigc.policy.loader import load_policy
+    from slurm_aigc.policy.paths import shipped_policy
+
+    shard = load_policy(shipped_policy()).rewrites.shard
+    params = GeneratorParams()
+    for job_class in shard.classes:
+        low, high = params.class_params(job_class).util_pct_range
+        assert low / 100 <= shard.expected_sm[job_class] <= high / 100, job_class
+        assert shard.expected_sm[job_class] == pytest.approx((low + high) / 200, abs=0.05), job_class
