@@ -25,7 +25,7 @@ from slurm_aigc.db import open_database
 from slurm_aigc.errors import AigcError
 from slurm_aigc.policy.install import install_hook
 from slurm_aigc.policy.loader import load_policy
-from slurm_aigc.policy.paths import shipped_policy
+from slurm_aigc.policy.paths import find_policy, shipped_policy
 from slurm_aigc.policy.render import render_hook
 from slurm_aigc.reclaim.actuator import Actuator, ActuatorCrash
 from slurm_aigc.reclaim.config import load_reclaim_config
@@ -297,7 +297,7 @@ def test_a_job_that_completes_between_decision_and_requeue_is_not_run_again(clus
     # `scontrol requeue` alone also requeues a COMPLETED job on 22.05: the job would run twice.
     work = Path(tempfile.mkdtemp(prefix="slurm-aigc-requeue-test-"))
     store = ReclaimStore(open_database(f"sqlite:///{work / 'state.db'}"))
-    config = load_reclaim_config(None)
+    config = load_reclaim_config(find_policy())
     jobs = [submit(cluster, f"sleep {seconds}\n", "--gres=gpu:1", "--requeue") for seconds in (3, 15)]
     try:
         decided = [wait_job_state(cluster, job_id, "RUNNING", timeout_s=90) for job_id in jobs]
@@ -357,7 +357,7 @@ def slow_epilog(cluster: ClusterHandle, seconds: int) -> Iterator[None]:
 def test_a_shrink_held_through_a_slow_epilog_ends_released_even_after_a_controller_restart(cluster: ClusterHandle) -> None:
     work = Path(tempfile.mkdtemp(prefix="slurm-aigc-shrink-test-"))
     store = ReclaimStore(open_database(f"sqlite:///{work / 'state.db'}"))
-    config = load_reclaim_config(None)
+    config = load_reclaim_config(find_policy())
     job_id = ""
     try:
         with slow_epilog(cluster, 20):
@@ -390,7 +390,7 @@ def test_signal_reaches_only_a_job_that_declared_it_handles_it(cluster: ClusterH
     # SIGUSR1's default action ends a batch script that does not trap it: that job must not get it.
     work = Path(tempfile.mkdtemp(prefix="slurm-aigc-signal-test-"))
     store = ReclaimStore(open_database(f"sqlite:///{work / 'state.db'}"))
-    config = load_reclaim_config(None)
+    config = load_reclaim_config(find_policy())
     trapping = "trap 'echo aigc-got-usr1' USR1\necho aigc-trap-set\nwhile true; do sleep 1; done\n"
     # The shipped hook, as rendered now: it stamps the owner's `aigc:signal=` into the AdminComment.
     install_hook(render_hook(load_policy(shipped_policy())), cluster.etc_dir)
