@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cluster": ("slurm_aigc.cli.cluster", "cluster"),
     "policy": ("slurm_aigc.cli.policy", "policy"),
     "classify": ("slurm_aigc.cli.policy", "classify"),
+    "learned": ("slurm_aigc.cli.learned", "learned"),
     "topo": ("slurm_aigc.cli.telemetry", "topo"),
     "gpu-load": ("slurm_aigc.cli.telemetry", "gpu_load"),
     "agent": ("slurm_aigc.cli.telemetry", "agent"),

@@ -207,7 +207,7 @@ def classify(as_json: bool, policy_path: Path | None, tres_style: str, batch: bo
     for line in result.logged("error"):
         click.echo(f"slurmctld would log: error: {line}", err=True)
     if as_json:
-        click.echo(json.dumps(result_json(result)))
+        click.echo(json.dumps(result_json(result) | ({"learned": learned} if learned is not None else {})))
         return
     _print_text(result, source)
 

@@ -64,6 +64,27 @@ def _controller(config_file: str | None, db_url: str | None, dry_run: bool | Non
 
 
 def _retention(config_file: str | None, db_url: str | None) -> Callable[[], object]:
+def _with_learner(hooks: PublisherHooks | None, slurm: SlurmCli, db_url: str | None, config_file: str | None,
+                  dry_run: bool) -> PublisherHooks | None:
+    """The publisher's hooks with the learner of `learned:` after it (docs/policy.md), when enabled."""
+    from slurm_aigc.policy.loader import load_policy
+    from slurm_aigc.telemetry.learnpublish import open_learner, with_learner
+
+    policy = load_policy(config_file, hook_sections=False)
+    if not policy.learned.enabled:
+        return hooks
+    learner = open_learner(policy.learned, policy.classes, db_url, slurm, dry_run=dry_run)
+
+    def reload() -> None:
+        if hooks is not None:
+            hooks.reload()
+        fresh = load_policy(config_file, hook_sections=False)
+        learner.set_config(fresh.learned, tuple(fresh.classes) or learner.classes)
+
+    return PublisherHooks(with_learner(hooks.tick if hooks else None, learner), reload,
+                          hooks.nodes_seen if hooks else (lambda: None))
+
+
     """Hourly rollup and pruning of raw samples (`storage.raw_retention_hours`; docs/deploy.md)."""
     from slurm_aigc.policy.loader import load_policy
     from slurm_aigc.report.retention import Retention, RetentionSchedule

@@ -55,6 +55,8 @@ def generator_options(function: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--capacity-gpus", type=int, default=None, help="GPUs of the cluster the load is sized for (default 24)."),
         click.option("--load", "load_target", type=float, default=None, help="Whole-GPU demand / capacity over the window (default 2.0)."),
         click.option("--window-start-s", type=float, default=None, help="Trace seconds after its first arrival where the window starts."),
+        click.option("--untagged-fraction", type=click.FloatRange(0, 1), default=None,
+                     help="Share of jobs submitted without an aigc: tag, drawn per job from the seed (default 0)."),
         click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Any generator parameter (e.g. infer.loading_s=5)."),
         click.option("--show-skipped", type=int, default=5, show_default=True, help="Print this many skipped trace rows."),
     ]
@@ -79,6 +81,7 @@ class GeneratorChoice:
     window_start_s: float | None = None
     overrides: tuple[str, ...] = ()
     show_skipped: int = 5
+    untagged_fraction: float | None = None
 
 
 def workload_from_traces(choice: GeneratorChoice) -> tuple[Workload, generator.GeneratorParams]:
@@ -96,6 +99,7 @@ def workload_from_traces(choice: GeneratorChoice) -> tuple[Workload, generator.G
         "capacity_gpus": choice.capacity_gpus,
         "load_target": choice.load_target,
         "window_start_s": choice.window_start_s,
+        "untagged_fraction": choice.untagged_fraction,
     }
     params = replace(params, **{k: v for k, v in named.items() if v is not None})
     input_path = choice.input_path or default_trace_input()

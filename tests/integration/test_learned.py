@@ -1,0 +1,89 @@
+"""Learned defaults on the real local cluster (issue 14.4): slurmctld's hook reads the learned table.
+
+Installs the shipped policy with `learned.enabled` and a test-owned table, submits untagged jobs
+as the test users, and at the end re-installs the plain shipped policy.
+"""
+
+from __future__ import annotations
+
+import json
+import pwd
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from slurm_aigc.policy.install import install_hook
+from slurm_aigc.policy.loader import load_policy, parse_policy_text
+from slurm_aigc.policy.paths import shipped_policy
+from slurm_aigc.policy.render import render_hook
+from slurm_aigc.tags import trusted_tags
+from slurm_aigc.telemetry.learned import LearnedEntry, format_table
+from tests.integration.helpers import cancel_quietly, submit, wait_job_state
+
+pytestmark = pytest.mark.cluster
+
+SLURM_AIGC = str(Path(sys.executable).with_name("slurm-aigc"))
+NAME = "aigc-itest-gen-0042"  # key: aigc-itest-gen
+
+
+def uid(user: str) -> int:
+    return pwd.getpwnam(user).pw_uid
+
+
+@pytest.fixture(scope="module")
+def learned_policy(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    directory = tmp_path_factory.mktemp("learned")
+    directory.chmod(0o755)
+    table = directory / "learned-defaults.txt"
+    table.write_bytes(format_table([LearnedEntry(uid("aigc-alice"), "aigc-alice", "aigc-itest-gen", "infer", 7, 0.3,
+                                                 6, 6, 6000.0)]))
+    table.chmod(0o644)
+    document = yaml.safe_load(shipped_policy().read_text())
+    document["learned"].update(enabled=True, file=str(table), refresh_seconds=0)
+    policy_file = directory / "policy.yaml"
+    policy_file.write_text(yaml.safe_dump(document))
+    install_hook(render_hook(parse_policy_text(policy_file.read_text(), str(policy_file))), cluster.etc_dir)
+    yield policy_file
+    install_hook(render_hook(load_policy(shipped_policy())), cluster.etc_dir)
+
+
+@pytest.fixture
+def jobs(cluster: Any) -> Iterator[list[str]]:
+    submitted: list[str] = []
+    yield submitted
+    cancel_quietly(cluster, *submitted)
+
+
+def classify(policy: Path, *args: str) -> dict[str, Any]:
+    result = subprocess.run([SLURM_AIGC, "classify", "--json", "--policy", str(policy), *args],
+                            capture_output=True, text=True, check=True, timeout=60)
+    document: dict[str, Any] = json.loads(result.stdout)
+    return document
+
+
+def test_an_untagged_job_with_a_learned_entry_is_shared_and_stamped(cluster: Any, learned_policy: Path,
+                                                                     jobs: list[str]) -> None:
+    jobs.append(submit(cluster, "sleep 60\n", "--gres=gpu:1", f"--job-name={NAME}"))
+    info = wait_job_state(cluster, jobs[0], "RUNNING", timeout_s=60)
+    shards = re.search(r"\bshard:(\d+)\b", info.tres_per_node)
+    assert shards is not None, info.tres_per_node
+    assert trusted_tags(info.admin_comment) == {"class": "infer", "learned": "1"}, info.admin_comment
+    predicted = classify(learned_policy, "--user", "aigc-alice", "--name", NAME, "--gres", "gpu:1")
+    assert predicted["learned"]["key"] == {"uid": uid("aigc-alice"), "pattern": "aigc-itest-gen"}
+    assert predicted["learned"]["entry"]["class"] == "infer" and predicted["learned"]["entry"]["jobs"] == 6
+    assert predicted["changes"]["admin_comment"][1] == info.admin_comment
+    assert predicted["changes"]["tres_per_node"][1].endswith(f"shard:{shards.group(1)}")
+
+
+def test_the_entry_is_the_owners_only_and_a_typed_tag_wins(cluster: Any, learned_policy: Path, jobs: list[str]) -> None:
+    jobs.append(submit(cluster, "sleep 60\n", "--gres=gpu:1", f"--job-name={NAME}", user="aigc-bob"))
+    jobs.append(submit(cluster, "sleep 60\n", "--gres=gpu:1", f"--job-name={NAME}", "--comment=aigc:type=train"))
+    bob, typed = (wait_job_state(cluster, job_id, "RUNNING", timeout_s=60) for job_id in jobs)
+    assert trusted_tags(bob.admin_comment) == {"class": "unknown"} and "shard" not in bob.tres_per_node
+    assert trusted_tags(typed.admin_comment) == {"class": "train"} and "shard" not in typed.tres_per_node

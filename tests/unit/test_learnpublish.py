@@ -1,0 +1,149 @@
+"""The learner's daemon part (issue 14.4): sacct + samples in, the hook's table out, incrementally."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from slurm_aigc.db import JobGpuSample, open_database, transaction
+from slurm_aigc.policy.model import LearnedConfig
+from slurm_aigc.report.samples import SampleStore
+from slurm_aigc.telemetry.learned import parse_table
+from slurm_aigc.telemetry.learnpublish import LearnedPublisher, with_learner
+from tests.unit.sacct_json import sacct_json
+
+NOW = datetime(2026, 12, 3, 12, tzinfo=UTC).timestamp()
+UIDS = {"aigc-alice": 1001, "aigc-bob": 1002}
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+@dataclass
+class Answer:
+    stdout: str
+
+
+class FakeSacct:
+    """`sacct --json` answering every window with the jobs active in it (as sacct does); records the calls."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, str]] = []
+        self.calls: list[Sequence[str]] = []
+
+    def add(self, job_id: int, name: str, user: str = "aigc-alice", stamp: str = "aigc_class=imagegen",
+            end: float = NOW - 3600, gpus: str = "gres/gpu=1") -> None:
+        self.rows.append({"JobID": str(job_id), "JobName": name, "User": user, "State": "COMPLETED",
+                          "Submit": iso(end - 900), "Start": iso(end - 600), "End": iso(end),
+                          "AllocTRES": f"cpu=1,{gpus}", "AdminComment": stamp, "ElapsedRaw": "600"})
+
+    def run(self, tool: str, args: Sequence[str]) -> Answer:
+        assert tool == "sacct"
+        self.calls.append(args)
+        start = next(a for a in args if a.startswith("--starttime=")).split("=", 1)[1]
+        end = next(a for a in args if a.startswith("--endtime=")).split("=", 1)[1]
+        return Answer(sacct_json([r for r in self.rows if r["Start"] < end and r["End"] >= start]))  # active in it
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> sessionmaker[Session]:
+    return open_database(f"sqlite:///{tmp_path / 'state.db'}")
+
+
+def add_samples(db: sessionmaker[Session], job_id: int, peak_mib: float, sm: float, end: float = NOW - 3600) -> None:
+    with transaction(db) as session:
+        for i, memory in enumerate((peak_mib / 2, peak_mib, peak_mib / 2)):
+            session.add(JobGpuSample(ts=end - 300 + 10 * i, node="a100-01", job_id=str(job_id), gpu_index=0,
+                                     sm_util_pct=sm, memory_used_mib=memory, memory_total_mib=81920.0))
+
+
+def learner(tmp_path: Path, sacct: FakeSacct, db: sessionmaker[Session], clock: list[float], **config: Any
+            ) -> LearnedPublisher:
+    cfg = replace(LearnedConfig(enabled=True, file=str(tmp_path / "out" / "learned.txt"), interval_s=600), **config)
+    return LearnedPublisher(sacct, SampleStore(db), cfg, clock=lambda: clock[0], monotonic=lambda: clock[0],
+                            uids=UIDS.get)
+
+
+def test_a_run_learns_from_sacct_and_samples_and_writes_the_table(tmp_path: Path, db: sessionmaker[Session]) -> None:
+    sacct = FakeSacct()
+    for i in range(5):
+        sacct.add(100 + i, f"sd-gen-{i:04d}")
+        add_samples(db, 100 + i, 6000.0, 40.0)
+    sacct.add(200, "cpu-only-1", gpus="gres/gpu=0")
+    sacct.add(201, "ghost-1", user="nobody-here")
+    clock = [NOW]
+    entries = learner(tmp_path, sacct, db, clock).tick()
+    path = tmp_path / "out" / "learned.txt"
+    assert parse_table(path.read_bytes()) == entries
+    [entry] = entries
+    assert (entry.uid, entry.pattern, entry.job_class, entry.vram_gib, entry.sm) == (1001, "sd-gen", "imagegen", 7, 0.4)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
+
+
+def test_later_runs_read_only_what_is_new_and_forget_what_is_too_old(tmp_path: Path, db: sessionmaker[Session]) -> None:
+    sacct = FakeSacct()
+    for i in range(5):
+        sacct.add(100 + i, f"sd-gen-{i}", end=NOW - 13 * 86400)
+        add_samples(db, 100 + i, 6000.0, 40.0, end=NOW - 13 * 86400)
+    clock = [NOW]
+    run = learner(tmp_path, sacct, db, clock)
+    assert len(run.tick()) == 1 and len(sacct.calls) == 14  # 14 days, one window per day
+    clock[0] = NOW + 2 * 86400  # the five jobs are now 15 days old
+    sacct.calls.clear()
+    assert run.tick() == []
+    assert len(sacct.calls) <= 3  # only since the last read, minus an hour's overlap
+    assert parse_table((tmp_path / "out" / "learned.txt").read_bytes()) == []
+
+
+def test_tick_when_due_waits_for_interval_s_and_dry_run_writes_nothing(tmp_path: Path, db: sessionmaker[Session]) -> None:
+    sacct = FakeSacct()
+    clock = [NOW]
+    run = learner(tmp_path, sacct, db, clock)
+    assert run.tick_when_due() == [] and run.tick_when_due() is None
+    clock[0] += 601
+    assert run.tick_when_due() == []
+    dry = LearnedPublisher(sacct, SampleStore(db), replace(run.config, file=str(tmp_path / "dry.txt")), dry_run=True,
+                           uids=UIDS.get)
+    dry.tick()
+    assert not (tmp_path / "dry.txt").exists()
+
+
+def test_the_learner_runs_even_when_the_publisher_fails(tmp_path: Path, db: sessionmaker[Session]) -> None:
+    def failing(_jobs: object, _nodes: object) -> object:
+        raise RuntimeError("publisher down")
+
+    run = learner(tmp_path, FakeSacct(), db, [NOW])
+    with pytest.raises(RuntimeError, match="publisher down"):
+        with_learner(failing, run)(None, None)
+    assert (tmp_path / "out" / "learned.txt").exists()
+
+
+def test_the_controller_runs_the_learner_only_when_the_policy_enables_it(tmp_path: Path) -> None:
+    import yaml
+
+    from slurm_aigc.cli.reclaim import _with_learner
+    from slurm_aigc.policy.paths import shipped_policy
+
+    table = tmp_path / "table.txt"
+    document = yaml.safe_load(shipped_policy().read_text())
+    document["learned"].update(file=str(table))
+    off, on = tmp_path / "off.yaml", tmp_path / "on.yaml"
+    off.write_text(yaml.safe_dump(document))
+    document["learned"]["enabled"] = True
+    on.write_text(yaml.safe_dump(document))
+    db_url = f"sqlite:///{tmp_path / 'state.db'}"
+    sacct = FakeSacct()
+    assert _with_learner(None, sacct, db_url, str(off), False) is None  # type: ignore[arg-type]
+    hooks = _with_learner(None, sacct, db_url, str(on), False)  # type: ignore[arg-type]
+    assert hooks is not None and hooks.nodes_seen() is None
+    hooks.tick(None, None)
+    assert table.exists() and sacct.calls
