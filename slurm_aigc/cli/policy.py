@@ -189,6 +189,8 @@ def result_json(result: HookResult) -> dict[str, Any]:
 @click.option("--time-minutes", type=int, default=None, help="--time in minutes.")
 @click.option("--script/--interactive", "batch", default=True, help="sbatch (default) or srun/salloc (no batch script).")
 @click.option("--user-id", type=int, default=1000, show_default=True, help="Submitting uid (0 = root: never rewritten).")
+@click.option("--user", "user", default=None,
+              help="Submitting user (name or uid; instead of --user-id): also prints what was learned for this job.")
 @click.option("--tres-style", type=click.Choice(["auto", "22.05", "23.02"]), default="auto",
               help="How Slurm shows GPU requests to Lua (auto: ask scontrol --version).")
 @click.option("--partitions-from", type=click.Choice(["cluster", "none"]), default="cluster", show_default=True,
@@ -196,11 +198,12 @@ def result_json(result: HookResult) -> dict[str, Any]:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @POLICY_OPTION
 def classify(as_json: bool, policy_path: Path | None, tres_style: str, batch: bool, partitions_from: str,
-             **options: Any) -> None:
+             user: str | None, **options: Any) -> None:
     """Run the installed job_submit.lua (or --policy's) on a job, without submitting it."""
     text, source = hook_text(policy_path)
     runtime = HookRuntime(text)
     options["interactive"] = not batch
+    learned = _learned_of(user, options, policy_path)
     fields = job_fields(options, _tres_prefix(tres_style))
     parts = _cluster_partitions() if partitions_from == "cluster" else {}
     result = runtime.submit(fields, submit_uid=options["user_id"], partitions=parts)
@@ -210,6 +213,33 @@ def classify(as_json: bool, policy_path: Path | None, tres_style: str, batch: bo
         click.echo(json.dumps(result_json(result) | ({"learned": learned} if learned is not None else {})))
         return
     _print_text(result, source)
+    if learned is not None:
+        _print_learned(learned)
+
+
+def _learned_of(user: str | None, options: dict[str, Any], policy_path: Path | None) -> dict[str, Any] | None:
+    """With --user: the uid it names becomes the submitting uid, and what was learned for the job (or None)."""
+    if user is None:
+        return None
+    from slurm_aigc.cli.learned import explain, resolve_uid
+
+    options["user_id"] = resolve_uid(user)
+    return explain(options["user_id"], options["name"], _load(policy_path).learned)
+
+
+def _print_learned(learned: dict[str, Any]) -> None:
+    key = learned["key"]
+    state = "" if learned["enabled"] else " (learning is off in this policy: the hook ignores the table)"
+    click.echo(f"learned: key uid={key['uid']} pattern={key['pattern'] or '(none)'} in {learned['file']}{state}")
+    if "problem" in learned:
+        click.echo(f"learned: {learned['problem']}")
+    elif learned["entry"] is None:
+        click.echo("learned: no entry for this key")
+    else:
+        entry = learned["entry"]
+        click.echo(f"learned: class={entry['class'] or '-'} vram={entry['vram_gib'] or '-'}G sm={entry['sm']} "
+                   f"from {entry['jobs']} job(s), class from {entry['class_jobs']}")
+        click.echo(f"learned: why: {learned['why']}")
 
 
 def _print_text(result: HookResult, source: str) -> None:

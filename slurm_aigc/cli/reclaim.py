@@ -58,12 +58,12 @@ def _controller(config_file: str | None, db_url: str | None, dry_run: bool | Non
     slurm = SlurmCli()
     dry = config.dry_run if dry_run is None else dry_run
     hooks = load_publisher(slurm, db_url, config_file, dry) if publisher else None
+    hooks = _with_learner(hooks, slurm, db_url, config_file, dry) if publisher else hooks
     controller = Controller(slurm, ReclaimStore(factory), config, dry_run=dry, publisher_tick=hooks.tick if hooks else None,
                             only_jobs=frozenset(jobs) if jobs else None, nodes_seen=hooks.nodes_seen if hooks else None)
     return controller, hooks
 
 
-def _retention(config_file: str | None, db_url: str | None) -> Callable[[], object]:
 def _with_learner(hooks: PublisherHooks | None, slurm: SlurmCli, db_url: str | None, config_file: str | None,
                   dry_run: bool) -> PublisherHooks | None:
     """The publisher's hooks with the learner of `learned:` after it (docs/policy.md), when enabled."""
@@ -85,6 +85,7 @@ def _with_learner(hooks: PublisherHooks | None, slurm: SlurmCli, db_url: str | N
                           hooks.nodes_seen if hooks else (lambda: None))
 
 
+def _retention(config_file: str | None, db_url: str | None) -> Callable[[], object]:
     """Hourly rollup and pruning of raw samples (`storage.raw_retention_hours`; docs/deploy.md)."""
     from slurm_aigc.policy.loader import load_policy
     from slurm_aigc.report.retention import Retention, RetentionSchedule
