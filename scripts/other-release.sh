@@ -3,6 +3,10 @@
 # debootstrap from this machine's Debian mirror, so every CI run covers Slurm 22.05 and 24.11.
 #
 #   bash scripts/other-release.sh [pytest args...]      (as root; called by scripts/test.sh)
+#   bash scripts/other-release.sh --demo [demo args...] (the README's demo, scripts/demo.sh, there;
+#                                                        its demo-out/ comes back to $RESULTS/other-release-demo)
+#   bash scripts/other-release.sh --run 'COMMAND'       (any shell command in the tree there, e.g. one test
+#                                                        with extra output while debugging)
 #   bash scripts/other-release.sh --build-only          (build or check the cached chroot)
 # SLURM_AIGC_DEBIAN_MIRROR overrides the mirror read from /etc/apt/sources.list*.
 #
@@ -17,7 +21,7 @@
 # - When the PID namespace's first process exits, the kernel kills every process left in it,
 #   so no daemon outlives the run; the mount namespace takes /proc, /sys, /dev, /run with it.
 #
-# Exit status: that of the suite inside; 2 when the chroot cannot be built or entered.
+# Exit status: that of the suite (or demo, or command) inside; 2 when the chroot cannot be built or entered.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 TREE=$PWD
@@ -154,7 +158,18 @@ in_namespaces() {
         exec chroot "$ROOT" /bin/bash -lc "$COMMAND"'
 }
 
+# The command run in the tree inside the chroot for this script's arguments: the suite (pytest
+# arguments passed on), the demo (`--demo`, demo arguments passed on) or `--run`'s command as is.
+inner_command() {
+    case "${1:-}" in
+        --demo) shift; echo "bash scripts/demo.sh --out-dir /var/tmp/aigc-results/demo-out$([ $# -gt 0 ] && printf ' %q' "$@")" ;;
+        --run) [ $# = 2 ] && [ -n "$2" ] || die "--run takes exactly one command (quote it)"; echo "$2" ;;
+        *) echo "bash scripts/test.sh$([ $# -gt 0 ] && printf ' %q' "$@")" ;;
+    esac
+}
+
 [ "${1:-}" = --functions-only ] && return 0  # tests: `source other-release.sh --functions-only`
+[ "${1:-}" = --build-only ] || inner=$(inner_command "$@")  # refuses a bad --run before any work
 
 release=$(host_release)
 case "$release" in bookworm) other=trixie ;; trixie) other=bookworm ;; esac
@@ -215,22 +230,27 @@ started=$(date +%s)
 log "setting up the venv in the $other chroot (host network, for pip)"
 in_namespaces "$merged" host-net "cd /srv/slurm-aigc && bash scripts/setup-venv.sh" \
     || die "scripts/setup-venv.sh failed in the $other chroot"
-log "running the suite in the $other chroot (own network namespace, $NS_HOST = $NS_ADDR)"
-quoted=""
-[ $# -gt 0 ] && quoted=$(printf ' %q' "$@")  # printf with no arguments would still print 
+log "running \`$inner\` in the $other chroot (own network namespace, $NS_HOST = $NS_ADDR)"
 set +e
 in_namespaces "$merged" own-net \
     "cd /srv/slurm-aigc && export SLURM_AIGC_SKIP_OTHER_RELEASE=1 SLURM_AIGC_RESULTS=/var/tmp/aigc-results;
-     bash scripts/test.sh$quoted; rc=\$?; .venv/bin/slurm-aigc cluster down >/dev/null 2>&1; exit \$rc"
+     mkdir -p /var/tmp/aigc-results; $inner; rc=\$?; .venv/bin/slurm-aigc cluster down >/dev/null 2>&1; exit \$rc"
 rc=$?
 set -e
 mkdir -p "$RESULTS"
+if [ -d "$merged/var/tmp/aigc-results/demo-out" ]; then
+    rm -rf "$RESULTS/other-release-demo" && cp -r "$merged/var/tmp/aigc-results/demo-out" "$RESULTS/other-release-demo"
+    log "the demo's output is in $RESULTS/other-release-demo"
+fi
 if [ "$rc" != 0 ] && [ -d "$merged/var/lib/slurm-aigc/cluster/log" ]; then
     # The chroot goes away with this script: keep the daemons' logs for whoever reads the failure.
     rm -rf "$RESULTS/other-release-logs" && cp -r "$merged/var/lib/slurm-aigc/cluster/log" "$RESULTS/other-release-logs"
     log "the $other cluster's logs are in $RESULTS/other-release-logs"
 fi
-cp "$merged/var/tmp/aigc-results/summary.txt" "$RESULTS/other-release.txt" 2>/dev/null \
-    || echo "Debian $other (chroot): no result (the suite did not finish)" >"$RESULTS/other-release.txt"
+case "${1:-}" in
+    --demo|--run) echo "Debian $other (chroot): \`$inner\` exited $rc" >"$RESULTS/other-release.txt" ;;
+    *) cp "$merged/var/tmp/aigc-results/summary.txt" "$RESULTS/other-release.txt" 2>/dev/null \
+        || echo "Debian $other (chroot): no result (the suite did not finish)" >"$RESULTS/other-release.txt" ;;
+esac
 log "the $other part took $(( $(date +%s) - started )) s, exit $rc"
 exit "$rc"

@@ -66,3 +66,33 @@ def test_no_mirror_for_the_release_fails_loudly(tmp_path: Path) -> None:
     sources(tmp_path, "sources.list.d/debian.sources", DEB822)
     done = call(tmp_path, "debian_mirror", "trixie")
     assert done.returncode == 2 and "no Debian mirror for trixie" in done.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the script refuses to run without root")
+@pytest.mark.parametrize(("args", "command"), [
+    ((), "bash scripts/test.sh"),
+    (("tests/integration/test_publisher.py", "-k", "agent daemon"), "bash scripts/test.sh tests/integration/test_publisher.py -k agent\\ daemon"),
+    (("--demo",), "bash scripts/demo.sh --out-dir /var/tmp/aigc-results/demo-out"),
+    (("--demo", "--minutes", "1", "--cleanup"), "bash scripts/demo.sh --out-dir /var/tmp/aigc-results/demo-out --minutes 1 --cleanup"),
+    (("--run", "sinfo; sacct -X"), "sinfo; sacct -X"),
+])
+def test_the_command_run_in_the_chroot(tmp_path: Path, args: tuple[str, ...], command: str) -> None:
+    done = call(tmp_path, "inner_command", *args)
+    assert done.returncode == 0 and done.stdout == command + "\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the script refuses to run without root")
+@pytest.mark.parametrize("args", [("--run",), ("--run", ""), ("--run", "sinfo", "squeue")])
+def test_run_takes_exactly_one_command(tmp_path: Path, args: tuple[str, ...]) -> None:
+    done = call(tmp_path, "inner_command", *args)
+    assert done.returncode == 2 and "--run takes exactly one command" in done.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the script refuses to run without root")
+def test_a_bad_run_is_refused_before_any_chroot_work(tmp_path: Path) -> None:
+    (tmp_path / "debian_version").write_text("12.11\n")
+    env = dict(os.environ, APT_ETC=str(tmp_path / "apt"), DEBIAN_VERSION_FILE=str(tmp_path / "debian_version"),
+               SLURM_AIGC_CHROOT_CACHE=str(tmp_path / "cache"))
+    done = subprocess.run(["bash", str(SCRIPT), "--run"], env=env, capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 2 and "--run takes exactly one command" in done.stderr
+    assert not (tmp_path / "cache").exists()  # nothing built, nothing mounted
