@@ -22,11 +22,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import create_engine, func, insert, select, text
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy import func, insert, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from slurm_aigc.db import GpuSample, JobGpuRollup, JobGpuSample, ProcessSample, open_database, read_url_file, transaction
+from slurm_aigc.db import (
+    GpuSample,
+    JobGpuRollup,
+    JobGpuSample,
+    ProcessSample,
+    open_database,
+    read_url_file,
+    scratch_database,
+    transaction,
+)
 from slurm_aigc.localcluster.config import TEST_DATABASE_PREFIX
 from slurm_aigc.localcluster.manager import LocalCluster
 from slurm_aigc.report.retention import Retention
@@ -118,24 +126,6 @@ def measure(backend: str, url: str, args: argparse.Namespace) -> Measure:
     return result
 
 
-def mariadb_url() -> tuple[str, URL]:
-    url = make_url(read_url_file(LocalCluster().db_url_file("test")))
-    server = URL.create(url.drivername, url.username, url.password, url.host, url.port, None, url.query)
-    name = f"{TEST_DATABASE_PREFIX}bench_{os.getpid()}"
-    engine = create_engine(server)
-    with engine.begin() as connection:
-        connection.execute(text(f"CREATE DATABASE {name} CHARACTER SET utf8mb4"))
-    engine.dispose()
-    return server.set(database=name).render_as_string(hide_password=False), server
-
-
-def drop(server: URL, url: str) -> None:
-    engine = create_engine(server)
-    with engine.begin() as connection:
-        connection.execute(text(f"DROP DATABASE IF EXISTS {make_url(url).database}"))
-    engine.dispose()
-
-
 def table(results: list[Measure], args: argparse.Namespace) -> str:
     scale = args.interval_s / AGENT_INTERVAL_S
     raw_tables = ("gpu_samples", "process_samples", "job_gpu_samples")
@@ -175,11 +165,9 @@ def main() -> None:
             Path(f"{path}{suffix}").unlink(missing_ok=True)
         results.append(measure("sqlite", f"sqlite:///{path}", args))
     if args.backend in ("mariadb", "both"):
-        url, server = mariadb_url()
-        try:
+        server = read_url_file(LocalCluster().db_url_file("test"))
+        with scratch_database(server, f"{TEST_DATABASE_PREFIX}retention_{os.getpid()}") as url:
             results.append(measure("mariadb", url, args))
-        finally:
-            drop(server, url)
     print(table(results, args))
 
 

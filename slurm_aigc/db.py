@@ -509,7 +509,7 @@ def _short(error: SQLAlchemyError, url: str) -> str:
 # database checks the privilege all the same.
 PRIVILEGE_PROBES: dict[str, str] = {
     "add samples": "INSERT INTO job_gpu_samples (ts, node, job_id, gpu_index, shared) SELECT 0, '', '', 0, FALSE{dual} WHERE 1 = 0",
-    "read samples": "SELECT id FROM job_gpu_samples WHERE 1 = 0",
+    "read samples": "SELECT job_id, sm_util_pct FROM job_gpu_samples WHERE 1 = 0",
     "write actions": "INSERT INTO actions (observation_key, ts_intent, job_id, verdict, action, step, dry_run, state, "
                      "detail) SELECT '', 0, '', '', '', 0, FALSE, '', ''{dual} WHERE 1 = 0",
     "write publications": "INSERT INTO node_publications (ts, node, reason, dry_run) SELECT 0, '', '', FALSE{dual} WHERE 1 = 0",
@@ -545,29 +545,57 @@ def server_time(factory: sessionmaker[Session]) -> float | None:
 
 
 def recreate_database(server_url: str, name: str) -> str:
-    """Drop and create the MariaDB/MySQL database `name` on the server of `server_url` (a role
-    allowed to); returns the URL of the new, empty database. For tests, replays and benchmarks."""
+    """Drop and create the database `name` on the MariaDB/MySQL or PostgreSQL server of
+    `server_url` (a role allowed to); returns the URL of the new, empty database. For tests,
+    replays and benchmarks."""
     _check_database_name(name)
-    url = make_url(server_url)
-    engine = create_engine(url._replace(database=None))
+    create = "CREATE DATABASE {} CHARACTER SET utf8mb4" if _is_mysql(server_url) else "CREATE DATABASE {}"
     try:
-        with engine.begin() as connection:
-            connection.execute(text(f"DROP DATABASE IF EXISTS {name}"))
-            connection.execute(text(f"CREATE DATABASE {name} CHARACTER SET utf8mb4"))
+        _server_ddl(server_url, _drop_statement(server_url, name), create.format(name))
     except SQLAlchemyError as error:
         raise DatabaseError(f"cannot create database {name} on {mask_url(server_url)}: {_short(error, server_url)}") from error
-    finally:
-        engine.dispose()
-    return url.set(database=name).render_as_string(hide_password=False)
+    return make_url(server_url).set(database=name).render_as_string(hide_password=False)
 
 
 def drop_database(server_url: str, name: str) -> None:
     """Drop the database `name` on the server of `server_url` (the counterpart of `recreate_database`)."""
     _check_database_name(name)
-    engine = create_engine(make_url(server_url)._replace(database=None))
+    _server_ddl(server_url, _drop_statement(server_url, name))
+
+
+@contextmanager
+def scratch_database(server_url: str, name: str) -> Iterator[str]:
+    """A new, empty database `name` for the `with` block (its URL), dropped afterwards."""
+    url = recreate_database(server_url, name)
+    try:
+        yield url
+    finally:
+        drop_database(server_url, name)
+
+
+def _is_mysql(url: str) -> bool:
+    return make_url(url).get_backend_name() in ("mysql", "mariadb")
+
+
+def _drop_statement(server_url: str, name: str) -> str:
+    # PostgreSQL refuses to drop a database others are connected to (a test's pooled connections)
+    # unless told to end them (FORCE, PostgreSQL 13+).
+    return f"DROP DATABASE IF EXISTS {name}" + ("" if _is_mysql(server_url) else " WITH (FORCE)")
+
+
+def _server_ddl(server_url: str, *statements: str) -> None:
+    """Run database-level DDL outside any database: MariaDB/MySQL with none selected;
+    PostgreSQL from its `postgres` database and outside a transaction (it refuses
+    CREATE/DROP DATABASE in one)."""
+    url = make_url(server_url)
+    if _is_mysql(server_url):
+        engine = create_engine(url._replace(database=None))
+    else:
+        engine = create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
     try:
         with engine.begin() as connection:
-            connection.execute(text(f"DROP DATABASE IF EXISTS {name}"))
+            for statement in statements:
+                connection.execute(text(statement))
     finally:
         engine.dispose()
 

@@ -16,7 +16,8 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import SQLAlchemyError
 
-from slurm_aigc.db import drop_database, read_url_file
+from slurm_aigc.db import drop_database, read_url_file, recreate_database
+from slurm_aigc.errors import DatabaseError
 from slurm_aigc.localcluster.config import SCRATCH_DATABASE_PREFIX, TEST_DATABASE_PREFIX
 from slurm_aigc.localcluster.manager import LocalCluster
 from slurm_aigc.localcluster.shape import DEFAULT_SHAPE
@@ -138,10 +139,51 @@ def mariadb() -> Iterator[MariaDbServer]:
     server.drop_all()
 
 
-@pytest.fixture(params=["sqlite", "mariadb"])
+# Opt-in PostgreSQL leg (not in scripts/test.sh): the URL of a role that may create databases and
+# roles on a PostgreSQL >= 13 server, e.g. postgresql+psycopg://aigc_pgtest:PW@localhost/postgres.
+PG_URL_ENV = "SLURM_AIGC_TEST_PG_URL"
+
+
+@dataclass
+class PostgresServer:
+    """A PostgreSQL server as a role that may create databases and roles: throwaway databases."""
+
+    server_url: str
+    created: list[str] = field(default_factory=list)
+    _numbers: Iterator[int] = field(default_factory=itertools.count)
+
+    def create_database(self) -> str:
+        """A new empty database (dropped at the end of the session); returns its URL."""
+        name = f"{TEST_DATABASE_PREFIX}{os.getpid()}_{next(self._numbers)}"
+        self.created.append(name)
+        return recreate_database(self.server_url, name)
+
+    def drop_all(self) -> None:
+        for name in self.created:
+            drop_database(self.server_url, name)
+
+
+@pytest.fixture(scope="session")
+def postgresql() -> Iterator[PostgresServer]:
+    """The PostgreSQL server named by $SLURM_AIGC_TEST_PG_URL; skips, saying how to opt in, without it."""
+    url = os.environ.get(PG_URL_ENV)
+    if not url:
+        pytest.skip(f"PostgreSQL leg: opt in with {PG_URL_ENV}=postgresql+psycopg://USER:PW@HOST/postgres "
+                    "(a role that may create databases and roles)")
+    server = PostgresServer(url)
+    try:
+        server.create_database()
+    except DatabaseError as error:
+        pytest.skip(f"PostgreSQL leg: {PG_URL_ENV} does not answer: {error}")
+    yield server
+    server.drop_all()
+
+
+@pytest.fixture(params=["sqlite", "mariadb", "postgresql"])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """An empty database's URL: a SQLite file, then a throwaway database on the cluster's MariaDB."""
+    """An empty database's URL: a SQLite file, then a throwaway database on the cluster's MariaDB,
+    then (opt-in, see PG_URL_ENV) one on a PostgreSQL server."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'state.db'}"
-    server: MariaDbServer = request.getfixturevalue("mariadb")
+    server: MariaDbServer | PostgresServer = request.getfixturevalue(request.param)
     return server.create_database()

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
-from sqlalchemy import func, insert, select
+from sqlalchemy import Table, func, insert, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from slurm_aigc.db import (
@@ -73,10 +73,11 @@ class TelemetryStore:
         ]
         with transaction(self._factory) as session:
             # Plain INSERTs (no RETURNING of the new ids): the agent's database role may insert
-            # samples but not read them (docs/deploy.md).
+            # samples but not read them (docs/deploy.md). Through the Core table: an ORM bulk insert
+            # on PostgreSQL adds RETURNING id for a batch of one row (rows split by their NULLs).
             for model, rows in tables:
                 if rows:
-                    session.execute(insert(model), rows)
+                    session.execute(insert(cast(Table, model.__table__)), rows)
         return sum(len(rows) for _, rows in tables)
 
     def mean_util_by_node(self, since_ts: float) -> dict[str, float]:

@@ -76,7 +76,7 @@ def test_a_newer_schema_is_refused_with_the_versions(db_url: str) -> None:
 # ---------------------------------------------------------------- migrations
 
 def _create_version_1(url: str) -> None:
-    dialect = "sqlite" if url.startswith("sqlite") else "mysql"
+    dialect = next((name for name in ("sqlite", "postgresql") if url.startswith(name)), "mysql")
     lines = (FIXTURES / f"schema_v1.{dialect}.sql").read_text().splitlines()
     script = "\n".join(line for line in lines if not line.startswith("--"))
     statements = [s.strip() for s in script.split(";") if s.strip()]
@@ -86,10 +86,10 @@ def _create_version_1(url: str) -> None:
             connection.execute(text(statement))
         connection.execute(text(
             "INSERT INTO job_gpu_samples (ts, node, job_id, gpu_index, sm_util_pct, memory_used_mib, shared) "
-            "VALUES (1000.0, 'a100-01', '41', 3, 55.0, 2048.0, 0)"))
+            "VALUES (1000.0, 'a100-01', '41', 3, 55.0, 2048.0, FALSE)"))
         connection.execute(text(
             "INSERT INTO actions (observation_key, ts_intent, job_id, verdict, action, step, dry_run, state, detail) "
-            "VALUES ('41/r0/idle/0:notify', 2000.0, '41', 'idle', 'notify', 0, 0, 'done', '{}')"))
+            "VALUES ('41/r0/idle/0:notify', 2000.0, '41', 'idle', 'notify', 0, FALSE, 'done', '{}')"))
     engine.dispose()
 
 
