@@ -37,12 +37,20 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sqlalchemy import create_engine, func, select, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import func, select
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from slurm_aigc.db import GpuSample, JobGpuSample, ProcessSample, open_database, read_url_file, transaction  # noqa: E402
+from slurm_aigc.db import (  # noqa: E402
+    GpuSample,
+    JobGpuSample,
+    ProcessSample,
+    open_database,
+    read_url_file,
+    scratch_database,
+    transaction,
+)
+from slurm_aigc.localcluster.config import TEST_DATABASE_PREFIX  # noqa: E402
 from slurm_aigc.localcluster.manager import LocalCluster  # noqa: E402
 from slurm_aigc.reclaim.config import load_reclaim_config  # noqa: E402
 from slurm_aigc.reclaim.controller import Controller  # noqa: E402
@@ -78,7 +86,10 @@ def reading(node: int, rng: random.Random) -> tuple[NodeReading, dict[int, str |
     for job, gpu in job_layout(node):
         pid = 10_000 + int(job) % 100_000
         pid_jobs[pid] = job
-        procs.setdefault(gpu, []).append(GpuProcess(pid, rng.uniform(2_000, 30_000), rng.uniform(5, 45)))
+        # A shard job holds 8 shards of 1 GiB (the shipped a100 inventory) and keeps within them;
+        # above them, ~1,900 jobs a tick were over_memory and the tick acted on 10 (the cap) every time.
+        memory = rng.uniform(1_000, 7_500) if gpu >= WHOLE else rng.uniform(2_000, 30_000)
+        procs.setdefault(gpu, []).append(GpuProcess(pid, memory, rng.uniform(5, 45)))
     gpus = tuple(
         GpuReading(index=i, uuid=f"GPU-{node:04d}-{i}", name="NVIDIA A100-SXM4-80GB", memory_total_mib=81920.0,
                    memory_used_mib=sum(p.used_memory_mib or 0 for p in procs[i]), sm_util_pct=rng.uniform(0, 100),
@@ -189,25 +200,6 @@ def controller_loop(url: str, nodes: int, interval_s: float, end: float, ticks: 
 # --------------------------------------------------------------------------- database
 
 
-def scratch_database() -> tuple[str, str]:
-    """(URL of a new empty database on the local cluster's MariaDB, its name), as the test role."""
-    # SQLAlchemy 2.1's URL.set(database=None) keeps the database: connect to information_schema.
-    server = make_url(read_url_file(LocalCluster().db_url_file("test"))).set(database="information_schema")
-    name = f"slurm_aigc_test_fanin_{os.getpid()}"
-    engine = create_engine(server)
-    with engine.begin() as connection:
-        connection.execute(text(f"CREATE DATABASE {name} CHARACTER SET utf8mb4"))
-    engine.dispose()
-    return server.set(database=name).render_as_string(hide_password=False), name
-
-
-def drop_database(url: str, name: str) -> None:
-    engine = create_engine(make_url(url).set(database="information_schema"))
-    with engine.begin() as connection:
-        connection.execute(text(f"DROP DATABASE IF EXISTS {name}"))
-    engine.dispose()
-
-
 def mariadbd_cpu_s() -> float | None:
     """CPU seconds (user + system) of the local cluster's mariadbd so far, None when not found."""
     try:
@@ -256,6 +248,35 @@ def table(args: argparse.Namespace, latencies: list[float], lags: list[float], r
     return "\n".join(line for line in lines if line)
 
 
+def run(args: argparse.Namespace, url: str) -> None:
+    """The writers and the controller against `url`, then the table."""
+    schema = open_database(url)  # the schema, before the writers race for it
+    schema.kw["bind"].dispose()  # no connection of ours is shared with the writers
+    start = time.time() + 2.0
+    end = start + args.duration_s
+    context = multiprocessing.get_context("spawn")  # fresh interpreters: no inherited connections
+    queue: multiprocessing.Queue[tuple[list[float], list[float], int]] = context.Queue()
+    nodes = list(range(args.nodes))
+    procs = [context.Process(target=writer_process, args=(url, nodes[w::args.writers], args.threads, args.interval_s,
+                                                          start, end, args.nodes, queue)) for w in range(args.writers)]
+    cpu_before = mariadbd_cpu_s()
+    for proc in procs:
+        proc.start()
+    ticks: list[tuple[float, float]] = []
+    errors: list[str] = []
+    controller_loop(url, args.nodes, args.interval_s, end, ticks, errors)
+    results = [queue.get(timeout=args.duration_s + 120) for _ in procs]
+    for proc in procs:
+        proc.join()
+    cpu_after = mariadbd_cpu_s()
+    wall = time.time() - start
+    latencies = [x for r in results for x in r[0]]
+    lags = [x for r in results for x in r[1]]
+    db_cpu = None if cpu_before is None or cpu_after is None or args.db_url else cpu_after - cpu_before
+    print(table(args, latencies, lags, sum(r[2] for r in results), ticks, db_cpu, wall, row_counts(url)))
+    print(f"controller tick errors: {len(errors)}" + (f" (first: {errors[0][:200]})" if errors else ""))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=1000)
@@ -265,36 +286,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=8, help="threads per writer process")
     parser.add_argument("--db-url", default=None, help="SQLAlchemy URL (default: a scratch database on the cluster's MariaDB)")
     args = parser.parse_args()
-    url, scratch = (args.db_url, None) if args.db_url else scratch_database()
-    try:
-        schema = open_database(url)  # the schema, before the writers race for it
-        schema.kw["bind"].dispose()  # no connection of ours is shared with the writers
-        start = time.time() + 2.0
-        end = start + args.duration_s
-        context = multiprocessing.get_context("spawn")  # fresh interpreters: no inherited connections
-        queue: multiprocessing.Queue[tuple[list[float], list[float], int]] = context.Queue()
-        nodes = list(range(args.nodes))
-        procs = [context.Process(target=writer_process, args=(url, nodes[w::args.writers], args.threads, args.interval_s,
-                                                              start, end, args.nodes, queue)) for w in range(args.writers)]
-        cpu_before = mariadbd_cpu_s()
-        for proc in procs:
-            proc.start()
-        ticks: list[tuple[float, float]] = []
-        errors: list[str] = []
-        controller_loop(url, args.nodes, args.interval_s, end, ticks, errors)
-        results = [queue.get(timeout=args.duration_s + 120) for _ in procs]
-        for proc in procs:
-            proc.join()
-        cpu_after = mariadbd_cpu_s()
-        wall = time.time() - start
-        latencies = [x for r in results for x in r[0]]
-        lags = [x for r in results for x in r[1]]
-        db_cpu = None if cpu_before is None or cpu_after is None or args.db_url else cpu_after - cpu_before
-        print(table(args, latencies, lags, sum(r[2] for r in results), ticks, db_cpu, wall, row_counts(url)))
-        print(f"controller tick errors: {len(errors)}" + (f" (first: {errors[0][:200]})" if errors else ""))
-    finally:
-        if scratch:
-            drop_database(url, scratch)
+    if args.db_url:
+        run(args, args.db_url)
+        return
+    server = read_url_file(LocalCluster().db_url_file("test"))
+    with scratch_database(server, f"{TEST_DATABASE_PREFIX}fanin_{os.getpid()}") as url:
+        run(args, url)
 
 
 if __name__ == "__main__":

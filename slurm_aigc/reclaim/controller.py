@@ -24,8 +24,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ClusterShell.NodeSet import NodeSet
-
 from slurm_aigc.errors import AigcError
 from slurm_aigc.reclaim.actuator import ActionResult, Actuator
 from slurm_aigc.reclaim.config import ReclaimConfig
@@ -43,6 +41,7 @@ from slurm_aigc.reclaim.jobs import (
     gpu_count,
     is_gpu_job,
     job_facts,
+    node_names,
     shard_memory_limit_mib,
     start_ts,
     uses_shards,
@@ -231,7 +230,7 @@ class Controller:
         shard_jobs = [j for j in jobs if uses_shards(j)]
         if not self.config.shards_per_gpu or not shard_jobs:
             return {}, {}
-        types = self._node_gpu_types({name for j in shard_jobs for name in _node_names(j.node_list)})
+        types = self._node_gpu_types({name for j in shard_jobs for name in node_names(j.node_list)})
         shards = {name: n for name, kind in types.items() if (n := self.config.shards_per_gpu.get(kind, 0))}
         gib = {name: g for name, kind in types.items() if (g := self.config.gib_per_shard.get(kind, 0.0))}
         return shards, gib
@@ -371,15 +370,6 @@ def summary(views: Sequence[JobView]) -> Mapping[str, int]:
         key = view.verdict.kind or "ok"
         counts[key] = counts.get(key, 0) + 1
     return counts
-
-
-def _node_names(node_list: str) -> list[str]:
-    """`a100-[01-02]` -> both names; a plain name is taken as is (NodeSet costs ~50 us a job)."""
-    if not node_list:
-        return []
-    if "[" not in node_list and "," not in node_list:
-        return [node_list]
-    return [str(name) for name in NodeSet(node_list)]
 
 
 def _gpu_type_of(gres: str) -> str:

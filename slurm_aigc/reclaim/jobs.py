@@ -10,6 +10,7 @@ import re
 import signal
 from collections.abc import Mapping
 from datetime import datetime
+from functools import lru_cache
 
 from ClusterShell.NodeSet import NodeSet
 
@@ -100,7 +101,12 @@ def declared_signal(job: JobInfo) -> str:
     stamps it into the AdminComment, which job owners cannot write: `aigc_signal=B.USR1`. Only
     that leading stamp is read (`trusted_tags`); an admin's stamp may also give a number (`10`).
     """
-    value = trusted_tags(job.admin_comment).get("signal", "")
+    return _declared_signal(job.admin_comment)
+
+
+@lru_cache(maxsize=4096)  # most jobs share a few stamps; 3 stamp reads a job were 0.1 s a tick
+def _declared_signal(admin_comment: str) -> str:
+    value = trusted_tags(admin_comment).get("signal", "")
     batch, _, sig = value.rpartition(".")
     name = _signal_name(sig)
     if not name or batch not in ("", "B"):
@@ -135,7 +141,7 @@ def shard_gpus(job: JobInfo, shards_per_gpu_by_node: Mapping[str, int]) -> float
     match = _ALLOC_SHARD_RE.search(job.alloc_tres)
     if not match or not job.node_list:
         return 0.0
-    per_gpu = shards_per_gpu_by_node.get(str(next(iter(NodeSet(job.node_list)))))
+    per_gpu = shards_per_gpu_by_node.get(first_node(job.node_list))
     return int(match.group(1)) / per_gpu if per_gpu else 0.0
 
 
@@ -154,8 +160,30 @@ def shard_memory_limit_mib(job: JobInfo, gib_per_shard_by_node: Mapping[str, flo
     shards = shard_count(job)
     if not shards or not job.node_list:
         return 0.0
-    per_shard = gib_per_shard_by_node.get(str(next(iter(NodeSet(job.node_list)))), 0.0)
+    per_shard = gib_per_shard_by_node.get(first_node(job.node_list), 0.0)
     return shards / max(job.num_nodes, 1) * per_shard * 1024.0
+
+
+def node_names(node_list: str) -> list[str]:
+    """`a100-[01-02],t4-01` -> every name; a plain name is taken as is (NodeSet costs ~40 us a job,
+    0.3 s a tick over 10,000 jobs)."""
+    if not node_list:
+        return []
+    if _is_plain_name(node_list):
+        return [node_list]
+    return [str(name) for name in NodeSet(node_list)]
+
+
+def first_node(node_list: str) -> str:
+    """The first name of a Slurm node list (`a100-[01-02]` -> `a100-01`); "" when empty."""
+    if _is_plain_name(node_list):
+        return node_list
+    return str(next(iter(NodeSet(node_list))))
+
+
+def _is_plain_name(node_list: str) -> bool:
+    # Slurm node lists fold ranges in [..] and join names with commas; nothing else needs NodeSet.
+    return "[" not in node_list and "," not in node_list
 
 
 def job_facts(job: JobInfo, now_ts: float, shards_per_gpu_by_node: Mapping[str, int] | None = None) -> JobFacts:
@@ -166,18 +194,28 @@ def job_facts(job: JobInfo, now_ts: float, shards_per_gpu_by_node: Mapping[str, 
         user=job.user,
         account=job.account,
         qos=job.qos,
-        job_class=job_class_of(job.admin_comment, UNCLASSIFIED),  # the hook's stamp, not user text
+        job_class=_job_class(job.admin_comment),  # the hook's stamp, not user text
         batch=job.batch_flag,
         requeue_allowed=job.requeue,
         restarts=job.restarts,
         num_nodes=job.num_nodes,
         gpus=gpus,
-        opt_out=opted_out(job.admin_comment),
+        opt_out=_opted_out(job.admin_comment),
         remaining_s=remaining_s(job, now_ts),
         shrinkable=bool(shrink_updates(job, 1)),
         shard_gpus=shard_gpus(job, shards_per_gpu_by_node or {}),
         declared_signal=declared_signal(job),
     )
+
+
+@lru_cache(maxsize=4096)
+def _job_class(admin_comment: str) -> str:
+    return job_class_of(admin_comment, UNCLASSIFIED)
+
+
+@lru_cache(maxsize=4096)
+def _opted_out(admin_comment: str) -> bool:
+    return opted_out(admin_comment)
 
 
 def _epoch(value: datetime | None) -> float | None:

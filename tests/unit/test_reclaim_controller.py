@@ -15,7 +15,7 @@ from slurm_aigc.db import JobGpuSample, open_database, transaction
 from slurm_aigc.errors import DatabaseError, SlurmCommandError
 from slurm_aigc.reclaim.actuator import Actuator
 from slurm_aigc.reclaim.config import ClassPolicy, ReclaimConfig
-from slurm_aigc.reclaim.controller import Controller, StaleSamplesError, _node_names
+from slurm_aigc.reclaim.controller import Controller, StaleSamplesError
 from slurm_aigc.reclaim.ladder import PlannedAction
 from slurm_aigc.reclaim.store import ReclaimStore
 from slurm_aigc.slurm import NodeInfo, SlurmCli
@@ -291,11 +291,6 @@ def test_a_shard_job_on_an_unknown_node_rereads_the_nodes_once(db_url: str) -> N
     clock.now += 10.0
     controller.tick()
     assert node_listings(fake) == 3
-
-
-def test_node_names_of_a_job_plain_or_ranged() -> None:
-    assert _node_names("a100-01") == ["a100-01"] and _node_names("") == []
-    assert _node_names("a100-[01-02],t4-01") == ["a100-01", "a100-02", "t4-01"]
 
 
 def test_the_inventory_is_taken_from_the_publishers_newest_node_listing(db_url: str) -> None:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from slurm_aigc.reclaim.jobs import (
     declared_signal,
+    first_node,
     gpu_count,
     is_held,
     job_facts,
+    node_names,
     requested_gpus,
     shard_gpus,
     shard_memory_limit_mib,
@@ -71,6 +73,23 @@ def test_shards_count_as_gpu_fractions_of_their_node_type() -> None:
     assert shard_gpus(shard, {}) == 0.0  # unknown node type: no guess
     assert shard_gpus(job(), {"a100-01": 80}) == 0.0
     assert job_facts(shard, 0.0, {"a100-01": 80}).shard_gpus == 0.25
+
+
+def test_node_names_of_a_job_plain_or_ranged() -> None:
+    assert node_names("a100-01") == ["a100-01"] and node_names("") == []
+    assert node_names("a100-[01-02],t4-01") == ["a100-01", "a100-02", "t4-01"]
+    assert node_names("gpu-a") == ["gpu-a"]  # a dash alone is no range
+    assert (first_node("a100-01"), first_node("a100-[03-04]"), first_node("t4-01,a100-01")) == ("a100-01", "a100-03", "a100-01")  # NodeSet's order
+
+
+def test_shard_figures_take_the_first_node_of_a_ranged_or_listed_job() -> None:
+    ranged = job(AllocTRES="cpu=2,gres/shard=40", TresPerNode="gres:shard:20", NodeList="a100-[01-02]", NumNodes="2")
+    assert shard_gpus(ranged, {"a100-01": 80, "a100-02": 40}) == 0.5  # 40 shards on the first node's 80-shard GPU
+    assert shard_memory_limit_mib(ranged, {"a100-01": 1.0}) == 20 * 1024.0  # 20 shards per node x 1 GiB
+    listed = job(AllocTRES="cpu=2,gres/shard=40", TresPerNode="gres:shard:20", NodeList="t4-01,a100-01", NumNodes="2")
+    assert shard_memory_limit_mib(listed, {"t4-01": 1.0, "a100-01": 4.0}) == 20 * 4.0 * 1024.0
+    plain = job(AllocTRES="cpu=1,gres/shard=20", TresPerNode="gres:shard:20", NodeList="a100-01")
+    assert (shard_gpus(plain, {"a100-01": 80}), shard_memory_limit_mib(plain, {"a100-01": 1.0})) == (0.25, 20 * 1024.0)
 
 
 def test_declared_signal_comes_from_the_admin_comment_stamp_only() -> None:
