@@ -481,8 +481,8 @@ end
 
 -- One count N for every type (a GRES request has one), taken from the need on one type: the job
 -- may run on type t when N covers its need there and fits one GPU. The N keeping the most types
--- wins; on a tie the larger type's (TYPES ascend by memory), as whole small GPUs are where
--- rule_vram_fit sends the small jobs that are not shared. Returns N and the kept types, or nil.
+-- wins; on a tie the smaller type's (TYPES ascend by memory): the big GPUs are the ones that
+-- jobs too big for the small ones queue for (rule_vram_fit). Returns N and the kept types, or nil.
 local function shard_plan(vram, sm, max_fraction)
     local fits = {}
     for _, t in ipairs(TYPES) do
@@ -496,7 +496,7 @@ local function shard_plan(vram, sm, max_fraction)
         for _, other in ipairs(fits) do
             if other.need <= n and n <= other.type.shards_per_gpu then kept[#kept + 1] = other.type end
         end
-        if #kept > 0 and #kept >= #best_kept then best, best_kept = n, kept end
+        if #kept > #best_kept then best, best_kept = n, kept end
     end
     return best, best_kept
 end

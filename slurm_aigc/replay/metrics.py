@@ -299,6 +299,9 @@ class BacklogFigures:
     jobs_requeued: int
     gpu_hours_reclaimed: float
     stream_exhausted: bool
+    # Which jobs the misses were (`job id STATE`), so a report can say what happened to each.
+    harmed_jobs: tuple[str, ...] = ()
+    sharing_timeout_jobs: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -340,6 +343,8 @@ def backlog_figures(
         jobs_harmed=sum(1 for o in outcomes if harmed_by(o, end)),
         jobs_requeued=sum(1 for o in outcomes if o.requeues > 0),
         gpu_hours_reclaimed=gpu_hours_reclaimed, stream_exhausted=stream_exhausted,
+        harmed_jobs=tuple(f"{o.job_id} {_state(o) or 'no record'}" for o in outcomes if harmed_by(o, end)),
+        sharing_timeout_jobs=tuple(o.job_id for o in outcomes if is_sharing_timeout(o, end)),
     )
 
 

@@ -141,8 +141,9 @@ def test_a_compute_bound_class_is_never_shared(hook: HookRuntime) -> None:
 
 
 def test_the_shard_count_caps_co_tenants_by_expected_sm(hook: HookRuntime) -> None:
-    # A GRES request has one count: the one keeping the most types wins, else the larger type's.
-    assert hook.shard_request("infer", 7.0) == (40, ["a100"], 0.5)  # ceil(0.5 x 80): two per a100
+    # A GRES request has one count: the one keeping the most types wins, else the smaller type's.
+    assert hook.shard_request("infer", 7.0) == (8, ["t4"], 0.5)  # ceil(0.5 x 16): two per t4, not 40 on a100
+    assert hook.shard_request("infer", 9.0) == (40, ["a100"], 0.5)  # over half a t4: two per a100
     assert hook.shard_request("infer", 30.0, {"sm": 0.25}) == (30, ["a100"], 0.25)  # memory beyond the SM share
     assert hook.shard_request("infer", 41.0)[0] is None  # over max_fraction of the largest GPU
     assert hook.shard_request("infer", 7.0, {"sm": 0.05}) == (7, ["t4", "a100"], 0.05)  # VRAM rules both
@@ -154,12 +155,13 @@ def test_the_shard_count_caps_co_tenants_by_expected_sm(hook: HookRuntime) -> No
 @pytest.mark.parametrize("learned", [None, {}, {"sm": "high"}, {"sm": 0}, {"sm": -0.2}, {"sm": 1.5},
                                      {"sm": float("nan")}, {"sm": float("inf")}, {"vram": 7}])
 def test_an_absent_or_bad_learned_sm_falls_back_to_the_class_default(hook: HookRuntime, learned: Any) -> None:
-    assert hook.shard_request("infer", 7.0, learned) == (40, ["a100"], 0.5)
+    assert hook.shard_request("infer", 7.0, learned) == (8, ["t4"], 0.5)
 
 
 def test_a_learned_sm_decides_sharing_either_way(hook: HookRuntime) -> None:
     # The agents' history beats the class default: a light image server shares, a busy one does not.
-    assert hook.shard_request("imagegen", 7.0, {"sm": 0.25}) == (20, ["a100"], 0.25)
+    assert hook.shard_request("imagegen", 7.0, {"sm": 0.25}) == (7, ["t4"], 0.25)  # VRAM needs more than SM here
+    assert hook.shard_request("imagegen", 12.0, {"sm": 0.25}) == (20, ["a100"], 0.25)  # four per a100
     assert hook.shard_request("infer", 7.0, {"sm": 0.8})[0] is None
 
 
@@ -174,7 +176,7 @@ def test_share_no_is_never_shared_whatever_the_expected_sm(tmp_path: Path) -> No
 
 def test_the_shard_rewrite_says_which_sm_it_used(hook: HookRuntime) -> None:
     result = submit(hook, comment="aigc:type=infer,vram=7G", tres_per_node="gres:gpu:1")
-    assert any("SM 0.5 (class) -> 40 shard(s)" in line for line in result.messages)
+    assert any("SM 0.5 (class) -> 8 shard(s)" in line for line in result.messages)
 
 
 def test_model_prefer_only_when_a_node_serving_the_model_also_meets_the_constraint(tmp_path: Path) -> None:
@@ -318,12 +320,12 @@ def test_every_rewrite_is_logged_with_the_aigc_tag_and_told_to_the_user(hook: Ho
 def test_gpus_per_job_becomes_shards_per_node(hook: HookRuntime) -> None:
     result = submit(hook, comment="aigc:type=infer,vram=8G", tres_per_job="gres:gpu:1")
     assert result.changes["tres_per_job"] == ("gres:gpu:1", None)
-    assert result.changes["tres_per_node"] == (None, "gres:shard:40")
+    assert result.changes["tres_per_node"] == (None, "gres:shard:8")
 
 
 def test_other_gres_entries_are_kept(hook: HookRuntime) -> None:
     result = submit(hook, comment="aigc:type=infer,vram=8G", tres_per_node="gres:license_x:1,gres:gpu:1")
-    assert result.changes["tres_per_node"] == ("gres:license_x:1,gres:gpu:1", "gres:license_x:1,gres:shard:40")
+    assert result.changes["tres_per_node"] == ("gres:license_x:1,gres:gpu:1", "gres:license_x:1,gres:shard:8")
 
 
 def test_cpus_per_gpu_blocks_the_shard_rewrite(hook: HookRuntime) -> None:

@@ -62,7 +62,7 @@ def test_classify_24_style_and_gpus_per_job() -> None:
     assert out["changes"]["features"] == [None, "a100"]
     text = CliRunner().invoke(classify, ["--policy", POLICY, "--tres-style", "23.02", "--partitions-from", "none", "--comment", "aigc:type=infer,vram=8G",
                                          "--gres", "gpu:1"])
-    assert "change:  tres_per_node: gres/gpu:1 -> gres/shard:40" in text.stdout
+    assert "change:  tres_per_node: gres/gpu:1 -> gres/shard:8" in text.stdout
 
 
 def test_check_render_install(tmp_path: Path) -> None:

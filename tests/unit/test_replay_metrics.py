@@ -166,6 +166,7 @@ def test_backlog_figures_count_only_the_window() -> None:
     assert figures.shared_slowdown_median == pytest.approx(1.25) and figures.shared_slowdown_p95 == pytest.approx(1.5)
     assert figures.shared_timeouts == 1
     assert (figures.jobs_harmed, figures.jobs_requeued) == (1, 1)
+    assert (figures.harmed_jobs, figures.sharing_timeout_jobs) == (("8 FAILED",), ("6",))  # named in compare.json
     assert figures.to_dict()["backlog"] == 4
 
 
