@@ -30,7 +30,7 @@ from pathlib import Path
 from slurm_aigc.daemonloop import DaemonLoop
 from slurm_aigc.errors import AigcError
 from slurm_aigc.policy.site import load_site_policy
-from slurm_aigc.slurm import SlurmCli
+from slurm_aigc.slurm import SCONTROL_JSON_SINCE, SlurmCli
 from slurm_aigc.telemetry import features as feat
 from slurm_aigc.telemetry.config import AgentConfig
 from slurm_aigc.telemetry.gres import job_gpu_indices
@@ -201,6 +201,22 @@ class Agent:
         return merged
 
 
+def looks_up_unlisted(slurm: SlurmCli) -> bool:
+    """Whether the agent asks slurmctld for a job whose Prolog record lists no GPUs (JobAllocations).
+
+    Slurm 24.11's Prolog gets neither SLURM_JOB_GPUS nor CUDA_VISIBLE_DEVICES once slurmctld has
+    run `scontrol reconfigure` (measured on 24.11.5, for gpu and shard jobs), so there a job
+    holding an idle GPU leaves a record without GPUs; from 23.02 the lookup is one single-job RPC.
+    22.05's Prolog lists a GPU job's GPUs, also after a reconfigure (the agent daemon integration
+    test), and its lookup lists every job: there a record without GPUs is a job without GPUs.
+    """
+    try:
+        return slurm.version() >= SCONTROL_JSON_SINCE
+    except AigcError as error:
+        LOG.warning("agent: no Slurm version (%s); asking slurmctld for jobs whose record lists no GPUs", error)
+        return True
+
+
 def slurm_allocation_lookup(slurm: SlurmCli, node: str) -> Callable[[str], frozenset[int]]:
     """`SlurmCli.job(ID)` (JSON) -> the GPU indices of job ID on `node` (one slurmctld RPC)."""
     def lookup(job_id: str) -> frozenset[int]:
@@ -253,7 +269,8 @@ def build_agent(options: AgentOptions, config: AgentConfig, metrics: DaemonMetri
     store = None if options.dry_run else TelemetryStore(open_database(options.db_url))
     proc = ProcFs()
     attributor = Attributor(slurm, proc)
-    allocations = JobAllocations(node, JobRecordDir(node).read, slurm_allocation_lookup(slurm, node), proc)
+    allocations = JobAllocations(node, JobRecordDir(node).read, slurm_allocation_lookup(slurm, node), proc,
+                                 look_up_unlisted=looks_up_unlisted(slurm))
 
     return Agent(
         node, backend, store, slurm, config,

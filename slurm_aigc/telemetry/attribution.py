@@ -13,10 +13,13 @@ per (pid, process start time) for `ttl_s`, so a reused pid is never mistaken for
 process. A process's own `SLURM_JOB_ID` is not used: a process can rewrite its environment.
 
 job -> GPU indices (`JobAllocations`), in order: the record the shipped Prolog wrote for
-the job on this node (root-owned, see `daemon/slurm-aigc-prolog`); else one lookup per
-new job (`scontrol -d show job -o ID`, the only slurmctld RPC an agent makes for a job);
+the job on this node (root-owned, see `daemon/slurm-aigc-jobrecord`); else one lookup per
+new job (`SlurmCli.job(ID)`, the only slurmctld RPC an agent makes for a job);
 else, while that lookup fails, `SLURM_JOB_GPUS` from the job's processes' environment
 (a hint: a process can rewrite its environment, so it is never preferred to Slurm).
+A record whose `gpus` is null (Slurm gave the Prolog no GPU list) counts as no record for a
+job with processes on a GPU, and, with `look_up_unlisted` (Slurm 23.02+), for every job:
+Slurm 24.11's Prolog gets no GPU list after `scontrol reconfigure`, for GPU jobs too.
 
 Splitting a shared GPU (shards, MPS, or several jobs on one GPU) between jobs:
 each job's memory is the sum of its processes' memory. The GPU's SM utilization (the
@@ -178,11 +181,11 @@ class Attributor:
 
 @dataclass(frozen=True)
 class JobRecord:
-    """What the Prolog recorded of a job on this node (`daemon/slurm-aigc-prolog`)."""
+    """What the Prolog recorded of a job on this node (`daemon/slurm-aigc-jobrecord`)."""
 
     job_id: str
     node: str
-    gpus: frozenset[int]
+    gpus: frozenset[int] | None  # None: Slurm gave the Prolog no GPU list (no GPUs, or 24.11 after reconfigure)
     user: str | None = None
     account: str | None = None
     admin_comment: str | None = None
@@ -200,9 +203,11 @@ def parse_job_record(text: str, job_id: str, node: str) -> JobRecord:
         raise AigcError(f"job record {job_id}: names job {document.get('job_id')!r} on node "
                         f"{document.get('node')!r}, expected {job_id} on {node}")
     gpus = document.get("gpus")
-    if not isinstance(gpus, list) or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus):
-        raise AigcError(f"job record {job_id}: gpus must be a list of GPU indices, got {gpus!r}")
-    return JobRecord(job_id, node, frozenset(gpus), *(_text(document, k) for k in ("user", "account", "admin_comment")))
+    if gpus is not None and (not isinstance(gpus, list)
+                             or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus)):
+        raise AigcError(f"job record {job_id}: gpus must be null or a list of GPU indices, got {gpus!r}")
+    listed = None if gpus is None else frozenset(gpus)
+    return JobRecord(job_id, node, listed, *(_text(document, k) for k in ("user", "account", "admin_comment")))
 
 
 def _text(document: Mapping[str, object], key: str) -> str | None:
@@ -246,7 +251,8 @@ class JobAllocations:
     """job -> GPU indices on one node (an agent `AllocationSource`); rule in the module docstring.
 
     A job is looked up at most once while it runs (again `retry_s` after a failed lookup),
-    and only when the Prolog left no record: in steady state this asks slurmctld nothing.
+    and only when the Prolog left no record or one without a GPU list (that one only while
+    the job runs on a GPU, unless `look_up_unlisted`): in steady state this asks slurmctld nothing.
     """
 
     def __init__(
@@ -256,10 +262,12 @@ class JobAllocations:
         lookup: AllocationLookup | None,
         proc: ProcView | None,
         *,
+        look_up_unlisted: bool = False,
         retry_s: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.node = node
+        self._look_up_unlisted = look_up_unlisted
         self._records = records
         self._lookup = lookup
         self._proc = proc
@@ -273,28 +281,34 @@ class JobAllocations:
     def __call__(self, pid_jobs: Mapping[int, str | None]) -> Mapping[str, Sequence[int]]:
         """The GPUs of every job that has a record or a process on this node now."""
         running = {job for job in pid_jobs.values() if job is not None}
-        recorded = self._read_records()
+        recorded, unlisted = self._read_records()
         # A record the Epilog just removed still holds while the job's processes exit.
         ending = {job: gpus for job, gpus in self._recorded.items() if job in running and job not in recorded}
         self._recorded = {**ending, **recorded}
-        self._known = {job: known for job, known in self._known.items() if job in running}
-        for job in sorted(running - set(self._recorded)):
+        ask = (running | (unlisted if self._look_up_unlisted else set())) - set(self._recorded)
+        self._known = {job: known for job, known in self._known.items() if job in ask}
+        for job in sorted(ask):
             self._known[job] = self._learn(job, pid_jobs)
         found = {job: known.gpus for job, known in self._known.items()} | self._recorded
         return {job: sorted(gpus) for job, gpus in found.items() if gpus}
 
-    def _read_records(self) -> dict[str, frozenset[int]]:
-        if self._records is None:
-            return {}
-        recorded = {}
-        for job, text in self._records().items():
+    def _read_records(self) -> tuple[dict[str, frozenset[int]], set[str]]:
+        """(job -> GPUs of the records that list them, jobs whose record lists none)."""
+        recorded: dict[str, frozenset[int]] = {}
+        unlisted: set[str] = set()
+        for job, text in (self._records() if self._records is not None else {}).items():
             try:
-                recorded[job] = parse_job_record(text, job, self.node).gpus
+                gpus = parse_job_record(text, job, self.node).gpus
             except AigcError as error:
                 if job not in self._bad:
                     self._bad.add(job)
                     LOG.warning("ignoring a job record: %s", error)
-        return recorded
+                continue
+            if gpus is None:
+                unlisted.add(job)
+            else:
+                recorded[job] = gpus
+        return recorded, unlisted
 
     def _learn(self, job: str, pid_jobs: Mapping[int, str | None]) -> _Known:
         known = self._known.get(job)

@@ -4,7 +4,7 @@ Everything the agent learns about jobs on its node without asking slurmctld is r
 `attribution.py` turns what these readers return into answers and does no I/O itself.
 
 * `ProcFs`: `/proc/<pid>/{stat,status,cmdline,cgroup,environ}` (root reads any process);
-* `JobRecordDir`: the files `daemon/slurm-aigc-prolog` writes, one per job on the node
+* `JobRecordDir`: the files `daemon/slurm-aigc-jobrecord` writes, one per job on the node
   (`<dir>/<node>/<jobid>.json`), read only when root owns them and only root may write them:
   a record says which GPUs Slurm gave the job, so nobody else may forge one.
 """

@@ -61,7 +61,7 @@ def test_a_job_without_gpus_and_hostile_text_is_recorded_as_json(tmp_path: Path)
            "SLURM_JOB_ADMIN_COMMENT": 'aigc_class=train" ,"gpus":[7]'}
     assert run(env, tmp_path).returncode == 0
     document = json.loads((tmp_path / "a100-01" / "10.json").read_text())
-    assert document["gpus"] == [] and document["admin_comment"] == env["SLURM_JOB_ADMIN_COMMENT"]
+    assert document["gpus"] is None and document["admin_comment"] == env["SLURM_JOB_ADMIN_COMMENT"]
 
 
 def test_an_unwritable_directory_is_logged_not_fatal(tmp_path: Path) -> None:
