@@ -1,5 +1,8 @@
 """Slurm's `--json` output read into plain values, for every shape from 22.05 to 24.11.
 
+25.05 to 26.05 are read in 24.11's shape too: the boundary asks them for `--json=v0.0.42`
+(`SlurmCli.json_option`), since their default data_parser (v0.0.43+) is untested.
+
 Why JSON: users write job names, comments and work directories, and may change a running
 job's comment. Text output (`scontrol show job -o`, `sacct -P`) puts those next to the
 fields we trust with nothing a user cannot type in between, so a comment holding
