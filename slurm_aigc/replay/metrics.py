@@ -398,9 +398,21 @@ def is_sharing_timeout(outcome: JobOutcome, end_ts: float) -> bool:
     return outcome.shared and not outcome.hangs and ended and _state(outcome) == "TIMEOUT"
 
 
+# sacct keeps whole seconds: the runner's own `scancel` at the window's end can read up to this
+# much before it (a requeued idle-tail job, pending again, was counted as harmed that way).
+RUNNER_CANCEL_SLACK_S = 1.0
+
+
 def harmed_by(outcome: JobOutcome, end_ts: float) -> bool:
-    """Requeued, then ended in a failure state within the window, or lost (no record at all)."""
-    if _state(outcome) in {"LOST", "REFUSED"} or not outcome.state:
+    """Requeued, then ended in a failure state within the window, or lost (no record at all).
+
+    A job cancelled at the window's end is the runner's doing, not harm.
+    """
+    state = _state(outcome)
+    if state in {"LOST", "REFUSED"} or not outcome.state:
         return True
-    ended = outcome.end_ts is not None and outcome.end_ts <= end_ts
-    return outcome.requeues > 0 and ended and _state(outcome) in FAILED_STATES
+    if outcome.end_ts is None or outcome.requeues == 0 or state not in FAILED_STATES:
+        return False
+    if state == "CANCELLED":
+        return outcome.end_ts < end_ts - RUNNER_CANCEL_SLACK_S
+    return outcome.end_ts <= end_ts

@@ -151,21 +151,25 @@ def test_backlog_figures_count_only_the_window() -> None:
         job_run("6", "infer", t0 + 5, t0 + 6, t0 + 96, "TIMEOUT", nominal=40.0, shared=True),  # sharing timeout
         job_run("7", "train", t0 + 5, t0 + 6, t0 + 66, "TIMEOUT", nominal=40.0, shared=True, hangs=True),  # its own hang
         job_run("8", "infer", t0 + 1, t0 + 2, t0 + 50, "FAILED", requeues=1),  # requeued then failed: harmed
+        # Requeued (idle tail, work done), pending again when the runner cancelled it at the end;
+        # sacct's whole seconds put that cancel at or just before the window's end: not harm.
+        job_run("9", "imagegen", t0 + 3, t0 + 4, t0 + 99.4, "CANCELLED by 0", requeues=1),
+        job_run("10", "imagegen", t0 + 3, t0 + 4, t0 + 100, "CANCELLED by 0", requeues=1),
     ]
     samples = powered("n1", 0, [(80.0, 300.0)] * 10 + [(100.0, 50.0)] * 5, start=t0) + powered("n1", 0, [(90.0, 300.0)], start=t0 + 150)
     figures = backlog_figures(runs, samples, capacity_gpus=4, start_ts=t0, duration_s=100.0, backlog=4, gpu_hours_reclaimed=0.5)
-    assert (figures.submitted, figures.completed) == (8, 3)
+    assert (figures.submitted, figures.completed) == (10, 3)
     assert figures.work_completed_gpu_s == 260.0
     assert figures.used_gpu_s == pytest.approx(80.0)  # 100 s at 80 %; the sample after the window is cut
     assert figures.useful_gpu_s == pytest.approx(80.0) and figures.useful_utilization == pytest.approx(80 / 400)
-    waits = [0, 10, 20, 50, 50, 1, 1, 1]
+    waits = [0, 10, 20, 50, 50, 1, 1, 1, 1, 1]
     assert figures.mean_wait_s == pytest.approx(sum(waits) / len(waits))
     train = next(w for w in figures.waits if w.job_class == "train")
     assert (train.jobs, train.started) == (4, 3) and train.mean_wait_s == pytest.approx((20 + 50 + 50 + 1) / 4)
     assert figures.shared_completed == 2
     assert figures.shared_slowdown_median == pytest.approx(1.25) and figures.shared_slowdown_p95 == pytest.approx(1.5)
     assert figures.shared_timeouts == 1
-    assert (figures.jobs_harmed, figures.jobs_requeued) == (1, 1)
+    assert (figures.jobs_harmed, figures.jobs_requeued) == (1, 3)
     assert (figures.harmed_jobs, figures.sharing_timeout_jobs) == (("8 FAILED",), ("6",))  # named in compare.json
     assert figures.to_dict()["backlog"] == 4
 
