@@ -33,8 +33,12 @@ Rules, and why each exists:
   rounded up to whole GiB. The p95 (nearest rank), not the maximum: one leaking run must not
   push every later job onto the biggest GPUs; not the mean: a job given less than it needs
   gets requeued by the memory guard when it shares a GPU.
-* **SM fraction**: the mean over the jobs of each job's time-weighted mean SM utilization,
-  0..1 (compute-aware sharing reads it as `view.learned.sm`).
+* **SM fraction**, 0..1: the mean over the jobs of each job's SM *while it computes* (its
+  time-weighted mean over the samples above `COMPUTING_MIN_PCT`), what compute-aware sharing
+  reads as `view.learned.sm` and what the policy's per-class `expected_sm` means
+  (docs/hook.md). A mean over the whole run would count loading and idle time and read
+  lower for a bursty server, packing it tighter than its busy phases allow. Fake-busy time
+  (high SM at idle power) counts as computing: that errs towards sharing less.
 * **Class**: the class stamped at submit (`aigc_class=`, which only slurmctld and admins
   write) of the user's jobs under that key, when one class holds at least `min_class_share`
   of them. Jobs whose stamp says `aigc_learned=1` never count as evidence of a class: the
@@ -60,6 +64,9 @@ from slurm_aigc.stats import mean, percentile
 from slurm_aigc.tags import UNKNOWN_CLASS, trusted_tags
 
 PATTERN_READ = 128  # bytes of a job name the key is made from (< slurmdbd's 255)
+# A sample at or under this SM % is loading or idle, not computing (reclaim calls <= 1 % idle;
+# model loading shows a few per cent): left out of the job's SM while computing.
+COMPUTING_MIN_PCT = 5.0
 HEADER = b"# slurm-aigc learned defaults v1: uid pattern class vram_gib sm jobs class_jobs p95_peak_mib user\n"
 NONE = "-"  # a field without a learned value
 LEARNED_STAMP_KEY = "learned"  # aigc_learned=1 in the AdminComment stamp (slurm_aigc/tags.py)
@@ -120,21 +127,22 @@ class HistoryJob:
 
 @dataclass(frozen=True)
 class JobUsage:
-    """What the agents saw of one job: peak memory on any one GPU, time-weighted mean SM %."""
+    """What the agents saw of one job: peak memory on any one GPU, time-weighted SM % while computing."""
 
     peak_vram_mib: float | None
     mean_sm_pct: float | None
 
 
 def usage_from_slices(slices: Iterable[SampleSlice]) -> dict[str, JobUsage]:
-    """Per job id: the highest memory any of its GPUs held and its SM % weighted by slice time."""
+    """Per job id: the highest memory any of its GPUs held and its SM % while computing (over the
+    slices above COMPUTING_MIN_PCT, weighted by slice time; None when it never computed)."""
     peak: dict[str, float] = {}
     busy: dict[str, float] = {}
     known: dict[str, float] = {}
     for s in slices:
         if s.memory_used_mib is not None:
             peak[s.job_id] = max(peak.get(s.job_id, 0.0), s.memory_used_mib)
-        if s.sm_util_pct is not None and s.duration_s > 0:
+        if s.sm_util_pct is not None and s.sm_util_pct > COMPUTING_MIN_PCT and s.duration_s > 0:
             busy[s.job_id] = busy.get(s.job_id, 0.0) + s.sm_util_pct * s.duration_s
             known[s.job_id] = known.get(s.job_id, 0.0) + s.duration_s
     ids = set(peak) | set(known)

@@ -192,11 +192,15 @@ def test_max_entries_keeps_the_best_backed() -> None:
     assert [e.pattern for e in entries] == ["bb", "cc"]
 
 
-def test_usage_from_slices_takes_the_peak_gpu_and_time_weighted_sm() -> None:
-    slices = [SampleSlice("1", "n", 0, 0, 10, 100.0, 4000, 16384), SampleSlice("1", "n", 1, 0, 30, 0.0, 6000, 16384),
-              SampleSlice("1", "n", 0, 10, 5, None, 7000, 16384), SampleSlice("2", "n", 0, 0, 10, None, None, None)]
+def test_usage_from_slices_takes_the_peak_gpu_and_the_sm_while_computing() -> None:
+    slices = [SampleSlice("1", "n", 0, 0, 10, 100.0, 4000, 16384), SampleSlice("1", "n", 1, 0, 30, 60.0, 6000, 16384),
+              SampleSlice("1", "n", 0, 10, 50, 0.0, 7000, 16384),  # idle: not computing
+              SampleSlice("1", "n", 0, 60, 20, 3.0, 1000, 16384),  # loading
+              SampleSlice("1", "n", 0, 80, 5, None, 2000, 16384), SampleSlice("2", "n", 0, 0, 10, None, None, None),
+              SampleSlice("3", "n", 0, 0, 10, 0.0, 500, 16384)]
     found = usage_from_slices(slices)
-    assert found == {"1": JobUsage(7000, 25.0)}  # job 2 has nothing known: no usage at all
+    # (100 x 10 + 60 x 30) / 40 = 70: a bursty server's busy phases, not its mean over the run (26).
+    assert found == {"1": JobUsage(7000, 70.0), "3": JobUsage(500, None)}  # job 2: nothing known
 
 
 # --------------------------------------------------------------------------- the file
