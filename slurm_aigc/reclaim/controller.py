@@ -24,6 +24,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from slurm_aigc.errors import AigcError
 from slurm_aigc.reclaim.actuator import ActionResult, Actuator
 from slurm_aigc.reclaim.config import ReclaimConfig
@@ -32,13 +34,12 @@ from slurm_aigc.reclaim.detect import (
     JobMeta,
     JobWindow,
     Sample,
+    SampleBatch,
     Verdict,
-    batch_from_jobs,
     detect,
     no_samples_verdict,
 )
 from slurm_aigc.reclaim.jobs import (
-    gpu_count,
     is_gpu_job,
     job_facts,
     node_names,
@@ -106,12 +107,45 @@ def windows_from_rows(metas: Mapping[str, JobMeta], rows: Sequence[SampleRow]) -
     return [JobWindow(metas[job_id], tuple(series)) for job_id, series in by_job.items() if job_id in metas]
 
 
+def batch_from_rows(metas: Mapping[str, JobMeta], rows: Sequence[SampleRow]) -> SampleBatch:
+    """Columns straight from sample rows sorted by job, node, GPU, time, for the jobs in `metas`:
+    `batch_from_jobs(windows_from_rows(metas, rows))` without an object per sample (0.1 s a tick
+    over 10,000 jobs)."""
+    kept = [r for r in rows if r.job_id in metas]
+    job_starts, series_starts = _boundaries(kept)
+    columns = list(zip(*kept)) or [()] * len(SampleRow._fields)
+    floats = [np.array(columns[SampleRow._fields.index(name)], dtype=np.float64)  # None -> NaN
+              for name in ("ts", "sm_util_pct", "memory_used_mib", "power_draw_w", "power_limit_w")]
+    firsts = [kept[i] for i in series_starts]
+    return SampleBatch(
+        metas=tuple(metas[firsts[s].job_id] for s in job_starts),
+        job_offsets=np.array([*job_starts, len(series_starts)], dtype=np.int64),
+        series_offsets=np.array([*series_starts, len(kept)], dtype=np.int64),
+        series_node=tuple(r.node for r in firsts), series_gpu=tuple(r.gpu_index for r in firsts),
+        ts=floats[0], util=floats[1], memory=floats[2], power=floats[3], power_limit=floats[4])
+
+
+def _boundaries(rows: Sequence[SampleRow]) -> tuple[list[int], list[int]]:
+    """(index of each job's first series among the series, index of each series' first row)."""
+    job_starts: list[int] = []
+    series_starts: list[int] = []
+    previous: tuple[str, str, int] | None = None
+    for i, row in enumerate(rows):
+        series = (row.job_id, row.node, row.gpu_index)
+        if series != previous:
+            if previous is None or row.job_id != previous[0]:
+                job_starts.append(len(series_starts))
+            series_starts.append(i)
+            previous = series
+    return job_starts, series_starts
+
+
 def job_meta(job: JobInfo, facts: JobFacts, now_ts: float, shared: bool = False) -> JobMeta:
     """The detectors' view of a running job; `shared`: an agent saw another job on its GPUs."""
     shards = uses_shards(job)
     started = start_ts(job)
     return JobMeta(job.job_id, facts.job_class, now_ts if started is None else started,
-                   None if shards else gpu_count(job), shared or shards)
+                   None if shards else facts.gpus, shared or shards)
 
 
 def with_missing(verdicts: Sequence[Verdict], metas: Mapping[str, JobMeta], config: ReclaimConfig,
@@ -127,7 +161,7 @@ def with_missing(verdicts: Sequence[Verdict], metas: Mapping[str, JobMeta], conf
 class Controller:
     """Reclaim's tick; construct with fakes in tests (`SlurmCli(runner=...)`, temporary DB)."""
 
-    # Rows committed out of id order (several agents, a server database) are re-read this far back.
+    # Rows committed out of id order (several agents, a server database) are looked for this far back.
     ID_OVERLAP = 10_000
     # A node's GPU type (hence shards per GPU) changes only with slurm.conf: re-read it this
     # rarely (a node listing is 2 RPCs on 22.05; per tick it was most of the controller's reads).
@@ -158,6 +192,7 @@ class Controller:
         self._only_jobs = only_jobs
         self._tracker = StretchTracker()
         self._watermark_id = 0
+        self._seen_ids: set[int] = set()  # ids read in (watermark - ID_OVERLAP, watermark]
         self._shared_jobs: set[str] = set()
         # This tick's job listing (every job, every state), for the publisher; None if not listed.
         self._listing: list[JobInfo] | None = None
@@ -190,7 +225,7 @@ class Controller:
         rows = self._store.samples(facts, now - self.config.lookback_s()) if jobs else []
         shared = {r.job_id for r in rows if r.shared}
         metas = {j.job_id: job_meta(j, facts[j.job_id], now, j.job_id in shared) for j in jobs}
-        batch = batch_from_jobs(windows_from_rows(metas, rows))
+        batch = batch_from_rows(metas, rows)
         verdicts = detect(batch, self.config.classes, self.config.defaults, now, self.config.gap_s)
         found = self._guard_memory(now, jobs, metas, gib, with_missing(verdicts, metas, self.config, now))
         return self._plan(now, newest, jobs, facts, found)
@@ -306,19 +341,37 @@ class Controller:
         fresh_jobs = [job_id for job_id in metas if job_id not in known]
         rows = self._store.samples(fresh_jobs, now - self.config.lookback_s()) if fresh_jobs else []
         if known:
-            rows += self._store.samples_after(known, self._watermark_id - self.ID_OVERLAP)
-        self._watermark_id = max([self._watermark_id, *(r.id for r in rows)])
+            rows += self._store.samples_after(known, self._watermark_id) + self._late_rows(known, now)
+        self._remember(rows)
         seen = self._tracker.last_ts()
         rows = sorted((r for r in rows if r.ts > seen.get((r.job_id, r.node, r.gpu_index), -math.inf)),
                       key=lambda r: (r.job_id, r.node, r.gpu_index, r.ts))
         if any(r.shared and r.job_id not in self._shared_jobs for r in rows):
             self._shared_jobs |= {r.job_id for r in rows if r.shared}
             metas = {j.job_id: job_meta(j, facts[j.job_id], now, j.job_id in self._shared_jobs) for j in jobs}
-        self._tracker.update(batch_from_jobs(windows_from_rows(metas, rows)), self.config)
+        self._tracker.update(batch_from_rows(metas, rows), self.config)
         tracked = {job_id: meta for known in [self._tracker.jobs()] for job_id, meta in metas.items() if job_id in known}
         verdicts = self._tracker.verdicts(tracked, self.config, now)
         found = self._guard_memory(now, jobs, metas, gib, with_missing(verdicts, metas, self.config, now))
         return self._plan(now, newest, jobs, facts, found)
+
+    def _late_rows(self, known: set[str], now: float) -> list[SampleRow]:
+        """Rows of `known` jobs below the watermark that no tick has read: on a server database
+        ids are taken at insert, so a row may commit after a later one was read. Only the ids of
+        the last ID_OVERLAP rows (within the lookback) are re-read each tick (re-reading the rows
+        cost 0.2 s over 10,000 jobs on MariaDB); rows of other jobs are fetched once and dropped."""
+        low, since = self._watermark_id - self.ID_OVERLAP, now - self.config.lookback_s()
+        unseen = self._store.sample_ids(low, self._watermark_id, since) - self._seen_ids
+        if not unseen:
+            return []
+        self._seen_ids |= unseen
+        return [r for r in self._store.samples_by_id(unseen) if r.job_id in known]
+
+    def _remember(self, rows: Sequence[SampleRow]) -> None:
+        """Move the watermark past `rows` and keep the ids read within ID_OVERLAP below it."""
+        self._watermark_id = max([self._watermark_id, *(r.id for r in rows)])
+        low = self._watermark_id - self.ID_OVERLAP
+        self._seen_ids = {i for i in self._seen_ids if i > low} | {r.id for r in rows if r.id > low}
 
     def _reclaim_tick(self) -> TickReport:
         # Live: every tick, so a shrink's hold ends released as soon as its job is PENDING.

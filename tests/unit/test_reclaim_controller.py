@@ -5,19 +5,24 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import text
+from hypothesis import given
+from hypothesis import strategies as st
+from sqlalchemy import select, text
 
 from slurm_aigc.cli import reclaim as cli
 from slurm_aigc.db import JobGpuSample, open_database, transaction
 from slurm_aigc.errors import DatabaseError, SlurmCommandError
 from slurm_aigc.reclaim.actuator import Actuator
 from slurm_aigc.reclaim.config import ClassPolicy, ReclaimConfig
-from slurm_aigc.reclaim.controller import Controller, StaleSamplesError
+from slurm_aigc.reclaim.controller import Controller, StaleSamplesError, batch_from_rows, windows_from_rows
+from slurm_aigc.reclaim.detect import JobMeta, batch_from_jobs
 from slurm_aigc.reclaim.ladder import PlannedAction
-from slurm_aigc.reclaim.store import ReclaimStore
+from slurm_aigc.reclaim.store import ReclaimStore, SampleRow
 from slurm_aigc.slurm import NodeInfo, SlurmCli
 from tests.fakes.reclaim_slurm import FakeJob, FakeSlurm
 
@@ -251,6 +256,47 @@ def test_a_tick_lists_the_jobs_once_and_hands_every_job_to_the_publisher(db_url:
     assert fake.calls.count(["squeue", "--json"]) == 2
 
 
+class CountingStore(ReclaimStore):
+    """Counts the sample rows each read returns (a tick's database cost)."""
+
+    fetched = 0
+
+    def _samples(self, *args: Any, **kw: Any) -> list[SampleRow]:
+        rows = super()._samples(*args, **kw)
+        self.fetched += len(rows)
+        return rows
+
+
+def test_a_row_committed_after_a_newer_one_was_read_is_still_judged_and_read_rows_are_not_read_again(
+        db_url: str) -> None:
+    # On a server database ids are taken at insert: row N+1 can be read before row N commits.
+    fake = FakeSlurm(jobs={"7": FakeJob("7", gpus=2)})
+    add_samples(db_url, "7", 2, START + 200.0, busy_gpus=2)
+    with transaction(open_database(db_url)) as session:  # the GPU 1 row of the last poll is still in flight
+        late = session.scalars(select(JobGpuSample).where(JobGpuSample.ts == START + 200.0,
+                                                          JobGpuSample.gpu_index == 1)).one()
+        late_id = late.id
+        session.delete(late)
+        session.add(JobGpuSample(id=late_id + 100, ts=START + 200.0, node="a100-01", job_id="7", gpu_index=0,
+                                 sm_util_pct=97.0, power_draw_w=350.0, power_limit_w=400.0, shared=False))
+    store = CountingStore(open_database(db_url))
+    clock = Clock(START + 200.0)
+    controller = Controller(SlurmCli(runner=fake), store, CONFIG, clock=clock)
+    controller.tick()
+    assert controller._tracker.last_ts()[("7", "a100-01", 1)] == START + 190.0
+    first = store.fetched
+    with transaction(open_database(db_url)) as session:  # it commits now, with its lower id
+        session.add(JobGpuSample(id=late_id, ts=START + 200.0, node="a100-01", job_id="7", gpu_index=1,
+                                 sm_util_pct=97.0, power_draw_w=350.0, power_limit_w=400.0, shared=False))
+    clock.now += 10.0
+    controller.tick()
+    assert controller._tracker.last_ts()[("7", "a100-01", 1)] == START + 200.0
+    assert store.fetched - first == 1  # the late row only: rows read before are not fetched again
+    clock.now += 10.0
+    controller.tick()
+    assert store.fetched - first == 1
+
+
 SHARD_CONFIG = ReclaimConfig(dry_run=False, poll_interval_s=10.0, cooldown_s=30.0, defaults=POLICY,
                              shards_per_gpu={"a100": 80}, gib_per_shard={"a100": 1.0})
 
@@ -330,3 +376,20 @@ def test_a_tick_that_lists_the_nodes_hands_that_listing_to_the_publisher_too(db_
     controller.tick()
     assert handed == [["a100-01"], None]  # first tick: reclaim's own listing; then kept, none made
     assert node_listings(fake) == 1
+
+
+# Sample rows as the store returns them: sorted by job, node, GPU, time; readings may be missing.
+_ROW = st.tuples(st.sampled_from(["7", "8", "9"]), st.sampled_from(["a100-01", "t4-01"]), st.integers(0, 2),
+                 st.integers(0, 50), st.one_of(st.none(), st.floats(0, 100)), st.one_of(st.none(), st.floats(0, 8e4)))
+
+
+@given(st.lists(_ROW, max_size=40))
+def test_batch_from_rows_matches_the_per_sample_path(raw: list[tuple[str, str, int, int, float | None, float | None]]) -> None:
+    rows = sorted((SampleRow(i, job, node, gpu, float(ts), util, memory, 100.0, None, False)
+                   for i, (job, node, gpu, ts, util, memory) in enumerate(raw)),
+                  key=lambda r: (r.job_id, r.node, r.gpu_index, r.ts))
+    metas = {job: JobMeta(job, "train", 0.0, 2) for job in ("7", "9")}  # job 8's rows are not judged
+    fast, slow = batch_from_rows(metas, rows), batch_from_jobs(windows_from_rows(metas, rows))
+    assert (fast.metas, fast.series_node, fast.series_gpu) == (slow.metas, slow.series_node, slow.series_gpu)
+    for name in ("job_offsets", "series_offsets", "ts", "util", "memory", "power", "power_limit"):
+        np.testing.assert_array_equal(getattr(fast, name), getattr(slow, name), err_msg=name)
