@@ -20,6 +20,9 @@ Database: by default a scratch database on the local cluster's MariaDB (created 
 `test` role's credentials, dropped at the end); `--db-url` uses any SQLAlchemy URL instead.
 Database CPU is mariadbd's utime+stime from /proc over the run (when it runs on this host).
 Goals (issue 11.6): p99 write latency <= 100 ms, controller tick <= 1 s.
+
+`--ticks-alone N --db-url sqlite:///FILE` measures only the controller's tick, without the
+cluster: N ticks on simulated time, each after one poll of every node written in-process.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -79,8 +82,8 @@ def job_layout(node: int) -> list[tuple[str, int]]:
     return [(str(base + k), k if k < WHOLE else WHOLE + (k - WHOLE) // 2) for k in range(10)]
 
 
-def reading(node: int, rng: random.Random) -> tuple[NodeReading, dict[int, str | None]]:
-    """One poll of node `node`: 8 busy-ish a100 GPUs, one process per job."""
+def reading(node: int, rng: random.Random, ts: float | None = None) -> tuple[NodeReading, dict[int, str | None]]:
+    """One poll of node `node` (now, or at Unix time `ts`): 8 busy-ish a100 GPUs, one process per job."""
     procs: dict[int, list[GpuProcess]] = {}
     pid_jobs: dict[int, str | None] = {}
     for job, gpu in job_layout(node):
@@ -96,7 +99,8 @@ def reading(node: int, rng: random.Random) -> tuple[NodeReading, dict[int, str |
                    mem_bw_util_pct=rng.uniform(0, 60), power_draw_w=rng.uniform(80, 400), power_limit_w=400.0,
                    temperature_c=rng.uniform(30, 80), processes=tuple(procs[i]))
         for i in range(GPUS))
-    return NodeReading(node_name(node), datetime.now(UTC), "550.54", gpus), pid_jobs
+    when = datetime.now(UTC) if ts is None else datetime.fromtimestamp(ts, UTC)
+    return NodeReading(node_name(node), when, "550.54", gpus), pid_jobs
 
 
 def writer_process(url: str, nodes: Sequence[int], threads: int, interval_s: float, start: float, end: float,
@@ -176,15 +180,22 @@ class FleetSlurm:
         return CommandResult(args, 1, "", f"fleet fake: not answered: {list(args)}")
 
 
+def fleet_controller(url: str, nodes: int, clock: Callable[[], float] = time.time,
+                     monotonic: Callable[[], float] = time.monotonic) -> Controller:
+    """Reclaim and the publisher (dry-run) over the fleet, wired as `slurm-aigc controller` does:
+    the publisher keeps its own scoring.interval_s (30 s) and hands reclaim its node listing."""
+    slurm = SlurmCli(runner=FleetSlurm(nodes))
+    factory = open_database(url)
+    publisher = Publisher(slurm, TelemetryStore(factory), load_scoring_config(None), dry_run=True,
+                          clock=clock, monotonic=monotonic)
+    return Controller(slurm, ReclaimStore(factory), load_reclaim_config(None), dry_run=True, clock=clock,
+                      publisher_tick=publisher.tick_when_due, nodes_seen=lambda: publisher.last_nodes)
+
+
 def controller_loop(url: str, nodes: int, interval_s: float, end: float, ticks: list[tuple[float, float]],
                     errors: list[str]) -> None:
     """Reclaim + publisher ticks (dry-run) every interval until `end`; appends (wall s, CPU s) per tick."""
-    slurm = SlurmCli(runner=FleetSlurm(nodes))
-    factory = open_database(url)
-    publisher = Publisher(slurm, TelemetryStore(factory), load_scoring_config(None), dry_run=True)
-    # As `slurm-aigc controller` wires it: the publisher keeps its own scoring.interval_s (30 s).
-    controller = Controller(slurm, ReclaimStore(factory), load_reclaim_config(None), dry_run=True,
-                            publisher_tick=publisher.tick_when_due)
+    controller = fleet_controller(url, nodes)
     next_tick = time.time() + interval_s  # let the writers fill a first interval
     while next_tick < end:
         time.sleep(max(0.0, next_tick - time.time()))  # the controller's tick schedule
@@ -277,6 +288,29 @@ def run(args: argparse.Namespace, url: str) -> None:
     print(f"controller tick errors: {len(errors)}" + (f" (first: {errors[0][:200]})" if errors else ""))
 
 
+def ticks_alone(args: argparse.Namespace, url: str) -> None:
+    """`--ticks-alone N`: N controller ticks on simulated time, each after one poll of every
+    node written here (no writer processes, no waiting): the tick's cost without the cluster."""
+    now = [time.time() - 3600.0]
+    store = TelemetryStore(open_database(url))
+    controller = fleet_controller(url, args.nodes, clock=lambda: now[0], monotonic=lambda: now[0])
+    rng = random.Random(1)
+    ticks: list[tuple[float, float]] = []
+    for _ in range(args.ticks_alone):
+        now[0] += args.interval_s
+        for node in range(args.nodes):
+            polled, pid_jobs = reading(node, rng, now[0])
+            store.write_poll(polled, pid_jobs, job_gpu_usage(polled, pid_jobs))
+        wall, cpu = time.perf_counter(), time.process_time()
+        controller.tick()
+        ticks.append((time.perf_counter() - wall, time.process_time() - cpu))
+    steady = ticks[1:] or ticks
+    print(f"{args.nodes * 10} jobs on {args.nodes} nodes, {len(ticks)} ticks {args.interval_s:g} s apart (simulated), "
+          f"publisher every 30 s; first tick {ticks[0][0]:.2f} s; steady ticks p50 / max "
+          f"{statistics.median(t[0] for t in steady):.2f} / {max(t[0] for t in steady):.2f} s wall, "
+          f"p50 {statistics.median(t[1] for t in steady):.2f} s CPU (goal <= 1 s)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=1000)
@@ -285,13 +319,15 @@ def main() -> None:
     parser.add_argument("--writers", type=int, default=2, help="writer processes")
     parser.add_argument("--threads", type=int, default=8, help="threads per writer process")
     parser.add_argument("--db-url", default=None, help="SQLAlchemy URL (default: a scratch database on the cluster's MariaDB)")
+    parser.add_argument("--ticks-alone", type=int, default=0, metavar="N",
+                        help="only N controller ticks on simulated time (with --db-url sqlite:///FILE: no cluster)")
     args = parser.parse_args()
     if args.db_url:
-        run(args, args.db_url)
+        (ticks_alone if args.ticks_alone else run)(args, args.db_url)
         return
     server = read_url_file(LocalCluster().db_url_file("test"))
     with scratch_database(server, f"{TEST_DATABASE_PREFIX}fanin_{os.getpid()}") as url:
-        run(args, url)
+        (ticks_alone if args.ticks_alone else run)(args, url)
 
 
 if __name__ == "__main__":
