@@ -297,6 +297,24 @@ def test_a_row_committed_after_a_newer_one_was_read_is_still_judged_and_read_row
     assert store.fetched - first == 1
 
 
+def test_only_jobs_with_a_finding_have_their_action_history_read(db_url: str) -> None:
+    fake = FakeSlurm(jobs={"1": FakeJob("1"), "2": FakeJob("2")})
+    add_samples(db_url, "1", 1, START + 200.0, busy_gpus=1)
+    add_samples(db_url, "2", 1, START + 200.0)
+    asked: list[list[str]] = []
+
+    class HistorySpy(ReclaimStore):
+        def history(self, job_ids: Any) -> Any:
+            ids = sorted(job_ids)
+            asked.append(ids)
+            return super().history(ids)
+
+    controller = Controller(SlurmCli(runner=fake), HistorySpy(open_database(db_url)), CONFIG, clock=Clock(START + 200.0))
+    report = controller.tick()
+    assert [(r.job_id, r.action) for r in report.results] == [("2", "notify")]
+    assert asked == [["2"]]  # the busy job's plan needs no history
+
+
 SHARD_CONFIG = ReclaimConfig(dry_run=False, poll_interval_s=10.0, cooldown_s=30.0, defaults=POLICY,
                              shards_per_gpu={"a100": 80}, gib_per_shard={"a100": 1.0})
 
