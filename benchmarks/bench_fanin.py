@@ -64,6 +64,7 @@ from slurm_aigc.telemetry.config import load_scoring_config  # noqa: E402
 from slurm_aigc.telemetry.publisher import Publisher  # noqa: E402
 from slurm_aigc.telemetry.records import GpuProcess, GpuReading, NodeReading  # noqa: E402
 from slurm_aigc.telemetry.store import TelemetryStore  # noqa: E402
+from tests.fakes.slurm import FakeJob, FakeNode  # noqa: E402
 
 GPUS = 8
 WHOLE = 6  # GPUs 0-5 hold one job each; GPUs 6 and 7 two shard jobs each
@@ -155,21 +156,16 @@ class FleetSlurm:
     @staticmethod
     def _job(job: str, node: int, gpu: int, started: int) -> dict[str, object]:
         shard = gpu >= WHOLE
-        gres = f"shard:a100:8(IDX:{gpu})" if shard else f"gpu:a100:1(IDX:{gpu})"
-        return {"job_id": int(job), "name": f"job{job}", "user_name": "alice", "account": "aigc", "partition": "gpu",
-                "qos": "normal", "job_state": "RUNNING", "nodes": node_name(node), "batch_flag": True,
-                "start_time": started, "submit_time": started - 60, "time_limit": 1440, "node_count": 1,
-                "tres_per_node": "gres:shard:8" if shard else "gres:gpu:a100:1", "admin_comment": "aigc_class=train",
-                "tres_alloc_str": "cpu=1,gres/shard=8" if shard else "cpu=1,gres/gpu=1,gres/gpu:a100=1",
-                "gres_detail": [gres], "job_resources": {"nodes": node_name(node),
-                                                         "allocated_nodes": [{"nodename": node_name(node)}]}}
+        fake = FakeJob(job, node_name(node), comment="", user="alice", start=datetime.fromtimestamp(started).isoformat(),
+                       gpus=0 if shard else 1, shards=8 if shard else 0,
+                       gres_detail=f"shard:a100:8(IDX:{gpu})" if shard else f"gpu:a100:1(IDX:{gpu})")
+        return fake.record()
 
     @staticmethod
     def _node(node: int) -> dict[str, object]:
-        return {"name": node_name(node), "state": "mixed", "state_flags": [], "cpus": 128, "partitions": ["gpu"],
-                "features": "a100,nvlink,nvlink8,vram80g", "active_features": "a100,nvlink,nvlink8,vram80g",
-                "gres": "gpu:a100:8,shard:a100:64", "weight": 1, "tres_used": "cpu=10,gres/gpu=6",
-                "gres_used": "gpu:a100:6(IDX:0-5),shard:a100:32(IDX:6-7)"}
+        features = ["a100", "nvlink", "nvlink8", "vram80g"]
+        return FakeNode(node_name(node), gres="gpu:a100:8,shard:a100:64", features=features, alloc_gpus=6,
+                        gres_used="gpu:a100:6(IDX:0-5),shard:a100:32(IDX:6-7)", state="mixed").record(new=False)
 
     def __call__(self, argv: Sequence[str], timeout_s: float, stdin: str | None = None) -> CommandResult:
         args = tuple(argv)

@@ -82,7 +82,7 @@ def parse_key_values(line: str) -> dict[str, str]:
 
     Never use it on output that holds user text (a job's name, comment, work directory,
     command): a value runs until the next ` Key=` token, so user text can forge fields.
-    Kept for hand-written test lines and admin-only output.
+    Kept for admin-only output (`scontrol show partition -o`, written in slurm.conf).
     """
     matches = list(_KV_RE.finditer(line))
     result: dict[str, str] = {}
@@ -90,16 +90,6 @@ def parse_key_values(line: str) -> dict[str, str]:
         end = following.start() if following else len(line)
         result[current.group(1)] = line[current.end():end].strip()
     return result
-
-
-def parse_time(value: str | None) -> datetime | None:
-    """Slurm's `2024-05-01T12:00:00` or `Unknown`/`None`/empty -> datetime or None."""
-    if not value or value in {"Unknown", "None", "N/A"}:
-        return None
-    try:
-        return datetime.fromisoformat(value)
-    except ValueError:
-        return None
 
 
 def parse_duration_s(value: str | None) -> int | None:
@@ -115,56 +105,6 @@ def parse_duration_s(value: str | None) -> int | None:
         parts.insert(0, 0)
     hours, minutes, seconds = parts[-3:]
     return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
-
-
-def _csv_tuple(value: str | None) -> tuple[str, ...]:
-    if not value or value == "(null)":
-        return ()
-    return tuple(part for part in value.split(",") if part)
-
-
-def node_from_fields(fields: Mapping[str, str]) -> NodeInfo:
-    return NodeInfo(
-        name=fields["NodeName"],
-        state=fields.get("State", ""),
-        gres=_null_empty(fields.get("Gres")),
-        gres_used=_null_empty(fields.get("GresUsed")),
-        available_features=_csv_tuple(fields.get("AvailableFeatures")),
-        active_features=_csv_tuple(fields.get("ActiveFeatures")),
-        weight=int(fields.get("Weight", "1") or 1),
-        cpus=int(fields.get("CPUTot", "0") or 0),
-        partitions=_csv_tuple(fields.get("Partitions")),
-        fields=dict(fields),
-    )
-
-
-def job_from_fields(fields: Mapping[str, str]) -> JobInfo:
-    user = fields.get("UserId", "").split("(", 1)[0]
-    return JobInfo(
-        job_id=fields["JobId"],
-        name=fields.get("JobName", ""),
-        user=user,
-        account=_null_empty(fields.get("Account")),
-        partition=_null_empty(fields.get("Partition")),
-        qos=_null_empty(fields.get("QOS")),
-        state=fields.get("JobState", ""),
-        reason=_null_empty(fields.get("Reason")),
-        node_list=_null_empty(fields.get("NodeList")),
-        batch_flag=fields.get("BatchFlag", "0") == "1",
-        requeue=fields.get("Requeue", "0") == "1",
-        restarts=int(fields.get("Restarts", "0") or 0),
-        submit_time=parse_time(fields.get("SubmitTime")),
-        start_time=parse_time(fields.get("StartTime")),
-        end_time=parse_time(fields.get("EndTime")),
-        time_limit_s=parse_duration_s(fields.get("TimeLimit")),
-        comment=_null_empty(fields.get("Comment")),
-        admin_comment=_null_empty(fields.get("AdminComment")),
-        tres_per_node=_null_empty(fields.get("TresPerNode")),
-        alloc_tres=_null_empty(fields.get("AllocTRES") or fields.get("TRES")),
-        num_nodes=int((fields.get("NumNodes", "1") or "1").split("-")[0]),
-        features=_null_empty(fields.get("Features")),
-        fields=dict(fields),
-    )
 
 
 def _epoch_time(value: object) -> datetime | None:

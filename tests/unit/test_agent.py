@@ -36,7 +36,7 @@ from slurm_aigc.telemetry.store import TelemetryStore
 from slurm_aigc.telemetry.topology import parse_topo_matrix
 from slurm_aigc.validation import Node
 from tests.fakes import nvml as fakes
-from tests.unit.telemetry_fakes import FakeNode, FakeSlurm
+from tests.fakes.slurm import FakeNode, FakeSlurm
 
 FIXED_TS = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 # dgx_a100(): pid 4242 on GPU0, pids 5001 and 5002 share GPU1.
@@ -290,14 +290,15 @@ def test_the_shipped_policy_file_parses() -> None:
     assert load_scoring_config(str(shipped)).weight_min < load_scoring_config(str(shipped)).weight_max
 
 
-def test_slurm_allocation_lookup_reads_this_nodes_gpus() -> None:
+@pytest.mark.parametrize("version", ["22.05.8", "24.11.5"])  # squeue --json / scontrol --json show job ID
+def test_slurm_allocation_lookup_reads_this_nodes_gpus(version: str) -> None:
     from slurm_aigc.telemetry.agent import slurm_allocation_lookup
-    from tests.unit.telemetry_fakes import FakeJob
+    from tests.fakes.slurm import FakeJob
 
-    jobs = [FakeJob("7", "dgx-01", detail="Nodes=dgx-01 CPU_IDs=0 Mem=0 GRES=gpu:a100:2(IDX:0-1)"),
-            FakeJob("8", "dgx-01", detail="Nodes=dgx-01 CPU_IDs=1 Mem=0 GRES=shard:10(IDX:3)"),
-            FakeJob("9", "other", detail="Nodes=other CPU_IDs=1 Mem=0 GRES=gpu:a100:1(IDX:0)")]
-    slurm = FakeSlurm([FakeNode("dgx-01")], jobs)
+    jobs = [FakeJob("7", "dgx-01", gres_detail="gpu:a100:2(IDX:0-1)"),
+            FakeJob("8", "dgx-01", gres_detail="shard:10(IDX:3)"),
+            FakeJob("9", "other", gres_detail="gpu:a100:1(IDX:0)")]
+    slurm = FakeSlurm([FakeNode("dgx-01")], jobs, version=version)
     lookup = slurm_allocation_lookup(SlurmCli(runner=slurm), "dgx-01")
     assert (lookup("7"), lookup("8"), lookup("9")) == (frozenset({0, 1}), frozenset({3}), frozenset())
     assert len([call for call in slurm.calls if "--json" in call]) == 3  # one job-info RPC per lookup

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +19,9 @@ from slurm_aigc.policy.loader import parse_policy_text
 from slurm_aigc.policy.paths import shipped_policy
 from slurm_aigc.policy.render import render_hook
 from slurm_aigc.reclaim.jobs import declared_signal
-from slurm_aigc.slurm import job_from_fields, parse_key_values
 from slurm_aigc.tags import trusted_class, trusted_tags
 from slurm_aigc.telemetry.features import model_feature
-from tests.fakes.reclaim_slurm import FakeJob
+from tests.fakes.slurm import FakeJob
 
 ALICE = 1001
 SHARD_ENTRY = "shard:"
@@ -394,7 +392,7 @@ def test_a_signal_tag_is_stamped_into_the_admin_comment(hook: HookRuntime, tag: 
     """job_submit/lua cannot see --signal: the user's own `aigc:signal=` declares it, for their own job only."""
     result = submit(hook, comment=tag, tres_per_node="gres:gpu:1")
     assert result.rc == SUCCESS and result.after["admin_comment"] == stamped and result.messages == []
-    job = replace(job_from_fields(parse_key_values(FakeJob("7").line())), admin_comment=stamped)
+    job = FakeJob("7", admin_comment=stamped).info()
     assert declared_signal(job) == declared  # what reclaim reads
 
 

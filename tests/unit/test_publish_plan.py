@@ -13,7 +13,7 @@ from slurm_aigc.telemetry.config import ScoringConfig
 from slurm_aigc.telemetry.publish_plan import merge_ours, remember_static
 from slurm_aigc.telemetry.publisher import Publisher
 from slurm_aigc.telemetry.store import TelemetryStore
-from tests.unit.telemetry_fakes import FakeNode, FakeSlurm
+from tests.fakes.slurm import FakeNode, FakeSlurm
 
 AGENT_WROTE = ["a100", "nvlink", "nvlink8", "vram80g"]
 

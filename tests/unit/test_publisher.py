@@ -14,7 +14,7 @@ from slurm_aigc.errors import SlurmCommandError
 from slurm_aigc.reclaim.config import ReclaimConfig
 from slurm_aigc.reclaim.controller import Controller
 from slurm_aigc.reclaim.store import ReclaimStore
-from slurm_aigc.slurm import CommandResult, JobInfo, NodeInfo, SlurmCli, job_from_json, node_from_json
+from slurm_aigc.slurm import JobInfo, NodeInfo, SlurmCli, job_from_json, node_from_json
 from slurm_aigc.telemetry import features as feat
 from slurm_aigc.telemetry.config import ScoringConfig
 from slurm_aigc.telemetry.gres import (
@@ -36,7 +36,7 @@ from slurm_aigc.telemetry.publisher import (
 )
 from slurm_aigc.telemetry.records import GpuReading, NodeReading
 from slurm_aigc.telemetry.store import TelemetryStore
-from tests.unit.telemetry_fakes import FakeJob, FakeNode, FakeSlurm
+from tests.fakes.slurm import FakeJob, FakeNode, FakeSlurm
 
 SHARDS_IDLE = "shard:a100:0(IDX:N/A)"
 
@@ -160,11 +160,11 @@ def test_plan_cycle_publishes_features_and_weights_and_models() -> None:
         FakeNode("a100-02", features=["a100", "nvlink8"], gres_used="gpu:a100:2(IDX:0-1)," + SHARDS_IDLE),
         FakeNode("cpu-01", gres="(null)", gres_used="(null)"),
     ]
-    jobs = [FakeJob("11", "a100-02", comment="aigc:class=infer,model=llama3-8b"),
+    jobs = [FakeJob("11", "a100-02", comment="aigc:class=infer,model=llama3-8b", admin_comment=""),
             FakeJob("12", "a100-02", comment="aigc:type=train,model=not-served", admin_comment="aigc_class=train"),
-            FakeJob("14", "a100-02", comment="aigc:type=infer,model=sdxl,vram=20G", state="COMPLETED"),
+            FakeJob("14", "a100-02", comment="aigc:type=infer,model=sdxl,vram=20G", state="COMPLETED", admin_comment=""),
             FakeJob("15", "a100-01", comment="aigc:model=whisper", admin_comment="aigc_class=train"),
-            FakeJob("13", "a100-01", comment="aigc:model=qwen", state="PENDING")]
+            FakeJob("13", "a100-01", comment="aigc:model=qwen", state="PENDING", admin_comment="")]
     fake_slurm = FakeSlurm(fakes, jobs)
     slurm_jobs = SlurmCli(runner=fake_slurm).jobs()
     plans = {p.node: p for p in plan_cycle(nodes_of(fakes), slurm_jobs, {"a100-01": 80.0, "a100-02": 10.0}, {},
@@ -214,7 +214,7 @@ def add_util(store: TelemetryStore, node: str, util: float, ts: float) -> None:
 def test_tick_writes_then_stays_quiet_then_reasserts_after_reconfigure(store: TelemetryStore) -> None:
     now = time.time()
     fakes = [FakeNode("a100-01", features=["a100", "ib"]), FakeNode("a100-02", features=["a100", "nvlink8"])]
-    slurm = FakeSlurm(fakes, [FakeJob("5", "a100-01", comment="aigc:class=infer,model=sdxl")])
+    slurm = FakeSlurm(fakes, [FakeJob("5", "a100-01", comment="aigc:class=infer,model=sdxl", admin_comment="")])
     add_util(store, "a100-01", 90.0, now - 10)
     add_util(store, "a100-02", 5.0, now - 10)
     add_util(store, "a100-02", 95.0, now - 3600)  # outside the window: ignored
@@ -253,7 +253,7 @@ def test_a_restarted_publisher_remembers_its_weights(store: TelemetryStore) -> N
 
 def test_features_the_agent_wrote_meanwhile_survive_the_write(store: TelemetryStore) -> None:
     fake = FakeNode("a100-01", features=["a100"])
-    slurm = FakeSlurm([fake], [FakeJob("3", "a100-01", comment="aigc:model=whisper")])
+    slurm = FakeSlurm([fake], [FakeJob("3", "a100-01", comment="aigc:model=whisper", admin_comment="")])
     original = slurm.__call__
     node_reads: list[str] = []
 
@@ -287,7 +287,7 @@ def test_a_slurm_outage_fails_the_tick_for_the_loop_to_back_off(store: Telemetry
 
 def test_model_lingers_then_is_unlisted_a_grace_before_slurm_loses_it(store: TelemetryStore, tmp_path: Path) -> None:
     listing = tmp_path / "published-features.txt"
-    job = FakeJob("5", "a100-01", comment="aigc:type=infer,model=sdxl aigc_class=infer")
+    job = FakeJob("5", "a100-01", comment="aigc:type=infer,model=sdxl aigc_class=infer", admin_comment="")
     slurm = FakeSlurm([FakeNode("a100-01", features=["a100"])], [job])
     config = ScoringConfig(published_features_file=str(listing), model_linger_s=100, model_unlist_grace_s=30)
     now = [1000.0]
@@ -305,13 +305,13 @@ def test_model_lingers_then_is_unlisted_a_grace_before_slurm_loses_it(store: Tel
     assert listing.read_text() == "" and "model_sdxl" in slurm.nodes["a100-01"].features
 
     seen_while_removing: list[str] = []
-    original = slurm._update
+    original = slurm._update_node
 
-    def update(args: list[str], pairs: list[str]):  # type: ignore[no-untyped-def]
+    def update(args: list[str], values: dict[str, str]):  # type: ignore[no-untyped-def]
         seen_while_removing.append(listing.read_text())  # what the hook could read during the write
-        return original(args, pairs)
+        return original(args, values)
 
-    slurm._update = update  # type: ignore[method-assign]
+    slurm._update_node = update  # type: ignore[method-assign]
     now[0] += 30  # past linger + grace: removed, never listed while Slurm drops it
     publisher.tick()
     assert seen_while_removing and set(seen_while_removing) == {""}
@@ -328,8 +328,8 @@ def test_a_model_served_elsewhere_does_not_keep_a_lingering_node_listed(store: T
     # line stayed listed until Slurm dropped the feature, and a hook that had read
     # `model_X a100` added --prefer a100&model_X, which Slurm refused.
     listing = tmp_path / "published-features.txt"
-    on_a100 = FakeJob("5", "a100-01", comment="aigc:type=infer,model=sd aigc_class=infer")
-    on_t4 = FakeJob("6", "t4-01", comment="aigc:type=infer,model=sd aigc_class=infer")
+    on_a100 = FakeJob("5", "a100-01", comment="aigc:type=infer,model=sd aigc_class=infer", admin_comment="")
+    on_t4 = FakeJob("6", "t4-01", comment="aigc:type=infer,model=sd aigc_class=infer", admin_comment="")
     slurm = FakeSlurm([FakeNode("a100-01", features=["a100"]), FakeNode("t4-01", features=["t4"])], [on_a100, on_t4])
     config = ScoringConfig(published_features_file=str(listing), model_linger_s=100, model_unlist_grace_s=30)
     now = [1000.0]
@@ -372,15 +372,8 @@ def test_tick_when_due_honours_the_scoring_interval(store: TelemetryStore) -> No
 
 
 def test_one_failing_node_does_not_starve_the_others(store: TelemetryStore) -> None:
-    slurm = FakeSlurm([FakeNode("a100-01", features=["a100", "nvlink8"]), FakeNode("a100-02", features=["a100", "nvlink8"])])
-    original = slurm._update
-
-    def update(args: list[str], pairs: list[str]):  # type: ignore[no-untyped-def]
-        if "NodeName=a100-01" in pairs:
-            return CommandResult(tuple(args), 1, "", "slurm_update error: Invalid node name specified")
-        return original(args, pairs)
-
-    slurm._update = update  # type: ignore[method-assign]
+    slurm = FakeSlurm([FakeNode("a100-01", features=["a100", "nvlink8"]), FakeNode("a100-02", features=["a100", "nvlink8"])],
+                      fail={"scontrol update NodeName=a100-01 ": "slurm_update error: Invalid node name specified"})
     publisher = Publisher(SlurmCli(runner=slurm), store, ScoringConfig())
     with pytest.raises(SlurmCommandError, match="Invalid node name"):
         publisher.tick()
@@ -390,7 +383,7 @@ def test_one_failing_node_does_not_starve_the_others(store: TelemetryStore) -> N
 
 def test_a_cycle_given_a_job_listing_lists_no_jobs_and_plans_from_it(store: TelemetryStore) -> None:
     slurm = FakeSlurm([FakeNode("a100-01", features=["a100", "nvlink8"])])  # Slurm itself lists no job
-    served = job_from_json(FakeJob("5", "a100-01", comment="aigc:class=infer,model=sdxl").record(False))
+    served = job_from_json(FakeJob("5", "a100-01", comment="aigc:class=infer,model=sdxl", admin_comment="").record(False))
     publisher = Publisher(SlurmCli(runner=slurm), store, ScoringConfig(), dry_run=True)
     plans = publisher.tick([served])
     assert [c for c in slurm.calls if "--version" not in c] == [["sinfo", "--json"]]
@@ -400,7 +393,7 @@ def test_a_cycle_given_a_job_listing_lists_no_jobs_and_plans_from_it(store: Tele
 def test_a_cycle_given_both_listings_reads_nothing_from_slurm(store: TelemetryStore) -> None:
     slurm = FakeSlurm([FakeNode("a100-01", features=["a100", "nvlink8"])])
     nodes = SlurmCli(runner=slurm).nodes()
-    served = job_from_json(FakeJob("5", "a100-01", comment="aigc:class=infer,model=sdxl").record(False))
+    served = job_from_json(FakeJob("5", "a100-01", comment="aigc:class=infer,model=sdxl", admin_comment="").record(False))
     before = len(slurm.calls)
     plans = Publisher(SlurmCli(runner=slurm), store, ScoringConfig(), dry_run=True).tick([served], nodes)
     assert [c for c in slurm.calls[before:] if "--version" not in c] == []
@@ -422,8 +415,8 @@ def test_a_cycle_keeps_its_node_listing_for_the_controller(store: TelemetryStore
 def test_controller_and_publisher_together_list_the_jobs_once_per_tick(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'state.db'}"
     slurm = FakeSlurm([FakeNode("a100-01", features=["a100", "nvlink8"])],
-                      [FakeJob("5", "a100-01", comment="aigc:class=infer,model=sdxl")])
-    cli = SlurmCli(runner=slurm)
+                      [FakeJob("5", "a100-01", comment="aigc:class=infer,model=sdxl", admin_comment="", gpus=0)])
+    cli = SlurmCli(runner=slurm)  # a job holding no GPU: reclaim waits for no GPU samples of it
     publisher = Publisher(cli, TelemetryStore(open_database(url)), ScoringConfig(), dry_run=True)
     controller = Controller(cli, ReclaimStore(open_database(url)), ReclaimConfig(dry_run=True),
                             publisher_tick=publisher.tick)

@@ -17,7 +17,7 @@ from slurm_aigc.reclaim.config import NotifyConfig, ReclaimConfig
 from slurm_aigc.reclaim.ladder import PlannedAction
 from slurm_aigc.reclaim.store import ReclaimStore
 from slurm_aigc.slurm import CommandResult, JobInfo, SlurmCli
-from tests.fakes.reclaim_slurm import FakeJob, FakeSlurm
+from tests.fakes.slurm import FakeJob, FakeSlurm
 
 CONFIG = ReclaimConfig(dry_run=False, notify=NotifyConfig(scontrol_notify=True, command=("mailer", "{user}", "{message}")))
 

@@ -24,7 +24,7 @@ from slurm_aigc.reclaim.detect import JobMeta, batch_from_jobs
 from slurm_aigc.reclaim.ladder import PlannedAction
 from slurm_aigc.reclaim.store import ReclaimStore, SampleRow
 from slurm_aigc.slurm import NodeInfo, SlurmCli
-from tests.fakes.reclaim_slurm import FakeJob, FakeSlurm
+from tests.fakes.slurm import FakeJob, FakeNode, FakeSlurm
 
 START = datetime.fromisoformat("2026-01-01T00:00:00").timestamp()
 POLICY = ClassPolicy(grace_s=10.0, window_s=60.0, min_samples=3)
@@ -65,8 +65,9 @@ def make(url: str, fake: FakeSlurm, now: float, config: ReclaimConfig = CONFIG, 
     return Controller(SlurmCli(runner=fake), store, config, clock=clock, **kw), clock  # type: ignore[arg-type]
 
 
-def test_idle_job_notified_then_requeued_once(db_url: str) -> None:
-    fake = FakeSlurm(jobs={"7": FakeJob("7", gpus=1)})
+@pytest.mark.parametrize("version", ["22.05.8", "24.11.5"])  # squeue --json / scontrol --json show job
+def test_idle_job_notified_then_requeued_once(db_url: str, version: str) -> None:
+    fake = FakeSlurm(jobs={"7": FakeJob("7", gpus=1)}, version=version)
     add_samples(db_url, "7", 1, START + 200.0)
     controller, clock = make(db_url, fake, START + 200.0)
     first = controller.tick()
@@ -324,8 +325,8 @@ def node_listings(fake: FakeSlurm) -> int:
 
 
 def test_the_node_inventory_is_kept_between_ticks_and_refreshed_rarely(db_url: str) -> None:
-    fake = FakeSlurm(jobs={"1": FakeJob("1", shards=20, admin_comment="aigc_class=infer")},
-                     node_gres={"a100-01": "gpu:a100:1(S:0),shard:a100:80(S:0)"})
+    fake = FakeSlurm([FakeNode("a100-01", gres="gpu:a100:1(S:0),shard:a100:80(S:0)")],
+                     jobs={"1": FakeJob("1", shards=20, admin_comment="aigc_class=infer")})
     add_samples(db_url, "1", 1, START + 3000.0, busy_gpus=1, start=START + 200.0)  # past one refresh
     controller, clock = make(db_url, fake, START + 200.0, config=SHARD_CONFIG)
     for _ in range(3):
@@ -340,13 +341,13 @@ def test_the_node_inventory_is_kept_between_ticks_and_refreshed_rarely(db_url: s
 
 
 def test_a_shard_job_on_an_unknown_node_rereads_the_nodes_once(db_url: str) -> None:
-    fake = FakeSlurm(jobs={"1": FakeJob("1", shards=20, admin_comment="aigc_class=infer")},
-                     node_gres={"a100-01": "gpu:a100:1(S:0),shard:a100:80(S:0)"})
+    fake = FakeSlurm([FakeNode("a100-01", gres="gpu:a100:1(S:0),shard:a100:80(S:0)")],
+                     jobs={"1": FakeJob("1", shards=20, admin_comment="aigc_class=infer")})
     add_samples(db_url, "1", 1, START + 260.0, busy_gpus=1, start=START + 200.0)
     controller, clock = make(db_url, fake, START + 200.0, config=SHARD_CONFIG)
     controller.tick()
     fake.jobs["2"] = FakeJob("2", shards=10, node="a100-09", admin_comment="aigc_class=infer")  # not listed
-    fake.node_gres["a100-07"] = "gpu:a100:1(S:0),shard:a100:80(S:0)"  # added, no job on it yet
+    fake.nodes["a100-07"] = FakeNode("a100-07", gres="gpu:a100:1(S:0),shard:a100:80(S:0)")  # added, no job on it yet
     for _ in range(3):
         clock.now += 10.0
         controller.tick()
@@ -358,8 +359,8 @@ def test_a_shard_job_on_an_unknown_node_rereads_the_nodes_once(db_url: str) -> N
 
 
 def test_the_inventory_is_taken_from_the_publishers_newest_node_listing(db_url: str) -> None:
-    fake = FakeSlurm(jobs={"1": FakeJob("1", shards=20, admin_comment="aigc_class=infer")},
-                     node_gres={"a100-01": "gpu:a100:1(S:0),shard:a100:80(S:0)"})
+    fake = FakeSlurm([FakeNode("a100-01", gres="gpu:a100:1(S:0),shard:a100:80(S:0)")],
+                     jobs={"1": FakeJob("1", shards=20, admin_comment="aigc_class=infer")})
     add_samples(db_url, "1", 1, START + 3000.0, busy_gpus=1, start=START + 200.0)
     publisher_listing: list[tuple[NodeInfo, ...] | None] = [None]
     controller, clock = make(db_url, fake, START + 200.0, config=SHARD_CONFIG, nodes_seen=lambda: publisher_listing[0])
@@ -370,7 +371,7 @@ def test_the_inventory_is_taken_from_the_publishers_newest_node_listing(db_url: 
         publisher_listing[0] = tuple(SlurmCli(runner=fake).nodes())  # a publisher cycle
         controller.tick()
     assert node_listings(fake) == 3  # the publisher's two, none more
-    fake.node_gres["a100-01"] = "gpu:h100:1(S:0),shard:h100:80(S:0)"  # no h100 in the inventory
+    fake.nodes["a100-01"].gres = "gpu:h100:1(S:0),shard:h100:80(S:0)"  # no h100 in the inventory
     publisher_listing[0] = tuple(SlurmCli(runner=fake).nodes())
     clock.now += 10.0
     assert {v.job.job_id: v.facts.shard_gpus for v in controller.assess().views} == {"1": 0.0}
@@ -383,8 +384,8 @@ def test_the_daemon_wires_the_publishers_node_listing_into_reclaim(db_url: str) 
 
 
 def test_a_tick_that_lists_the_nodes_hands_that_listing_to_the_publisher_too(db_url: str) -> None:
-    fake = FakeSlurm(jobs={"1": FakeJob("1", shards=20, admin_comment="aigc_class=infer")},
-                     node_gres={"a100-01": "gpu:a100:1(S:0),shard:a100:80(S:0)"})
+    fake = FakeSlurm([FakeNode("a100-01", gres="gpu:a100:1(S:0),shard:a100:80(S:0)")],
+                     jobs={"1": FakeJob("1", shards=20, admin_comment="aigc_class=infer")})
     add_samples(db_url, "1", 1, START + 260.0, busy_gpus=1, start=START + 200.0)
     handed: list[list[str] | None] = []
     controller, clock = make(db_url, fake, START + 200.0, config=SHARD_CONFIG,

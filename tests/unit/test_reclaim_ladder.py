@@ -19,8 +19,7 @@ from slurm_aigc.reclaim.ladder import (
     parse_job_tags,
     plan_job,
 )
-from slurm_aigc.slurm import job_from_fields, parse_key_values
-from tests.fakes.reclaim_slurm import FakeJob
+from tests.fakes.slurm import FakeJob
 
 NOW = 10_000.0
 CONFIG = ReclaimConfig(dry_run=False, cooldown_s=60.0, max_actions_per_job=4)
@@ -186,7 +185,7 @@ def test_the_signal_declaration_is_read_from_the_leading_stamp_only() -> None:
     config = replace(CONFIG, defaults=replace(CONFIG.defaults, ladder={"fake_busy": ("signal", "requeue")}))
 
     def step(admin_comment: str, comment: str = "x") -> str:
-        job = replace(job_from_fields(parse_key_values(FakeJob("7").line())), admin_comment=admin_comment, comment=comment)
+        job = FakeJob("7", admin_comment=admin_comment, comment=comment).info()
         plan = plan_job(verdict("fake_busy"), job_facts(job, NOW), (), config, NOW)
         assert isinstance(plan, PlannedAction)
         return plan.action

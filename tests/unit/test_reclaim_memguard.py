@@ -15,7 +15,7 @@ from slurm_aigc.reclaim.memguard import judge_memory, trailing_over
 from slurm_aigc.reclaim.store import ReclaimStore
 from slurm_aigc.series import GpuSeries, Sample
 from slurm_aigc.slurm import SlurmCli
-from tests.fakes.reclaim_slurm import FakeJob, FakeSlurm
+from tests.fakes.slurm import FakeJob, FakeNode, FakeSlurm
 
 from .test_reclaim_controller import START, Clock
 
@@ -92,7 +92,7 @@ def neighbours() -> FakeSlurm:
     jobs = {"1": FakeJob("1", shards=20, admin_comment="aigc_class=infer"),
             "2": FakeJob("2", shards=20, admin_comment="aigc_class=infer"),
             "3": FakeJob("3", gpus=1)}
-    return FakeSlurm(jobs=jobs, node_gres=dict(NODES))
+    return FakeSlurm([FakeNode(name, gres=gres) for name, gres in NODES.items()], jobs=jobs)
 
 
 def test_the_offender_is_notified_then_requeued_and_the_neighbour_never(db_url: str) -> None:
