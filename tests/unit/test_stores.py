@@ -83,6 +83,9 @@ def test_reclaim_store_records_an_observation_once(db_url: str) -> None:
     assert [s._asdict() for s in samples] == [stored[s.id] for s in samples]
     assert all(isinstance(s.shared, bool) and isinstance(s.job_id, str) for s in samples)
     assert store.samples_after(["41"], min(stored) - 1) == samples and store.samples_after(["41"], max(stored)) == []
+    assert store.sample_ids(min(stored) - 1, max(stored), T0.timestamp()) == set(stored)
+    assert store.sample_ids(min(stored) - 1, max(stored), T0.timestamp() + 1) == set()  # older than asked
+    assert store.samples_by_id(sorted(stored, reverse=True)) == samples
 
 
 # ---------------------------------------------------------------- least privilege
