@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from slurm_aigc.policy.model import ReclaimConfig
+from slurm_aigc.policy.model import AgentConfig, ClassPolicy, ReclaimConfig, ScoringConfig
 from slurm_aigc.replay.workload import Workload, WorkloadJob
 
 MIN_SECONDS = 2.0
@@ -30,32 +30,36 @@ def replay_policy(policy: dict[str, Any], compression: float, poll_interval_s: f
     reclaim = result.setdefault("reclaim", {}) or {}
     result["reclaim"] = reclaim
     reclaim["poll_interval_s"] = poll_interval_s
-    reclaim["cooldown_s"] = _scale(reclaim.get("cooldown_s", 900), compression)
+    # A key the site left out has the loader's default (policy/model.py), the one default there is.
+    reclaim["cooldown_s"] = _scale(reclaim.get("cooldown_s", ReclaimConfig.cooldown_s), compression)
     defaults = reclaim.setdefault("defaults", {}) or {}
     reclaim["defaults"] = defaults
+    # A class without its own min_samples inherits the defaults section's, as the loader reads it.
+    inherited = defaults.get("min_samples", ClassPolicy.min_samples)
     for section in [defaults, *(reclaim.get("classes") or {}).values()]:
-        _scale_reclaim_section(section, compression, poll_interval_s)
+        _scale_reclaim_section(section, compression, poll_interval_s, inherited)
     scoring = result.setdefault("scoring", {}) or {}
     result["scoring"] = scoring
-    scoring["interval_s"] = max(poll_interval_s, _scale(scoring.get("interval_s", 30), compression))
-    scoring["window_s"] = max(5 * poll_interval_s, _scale(scoring.get("window_s", 300), compression))
+    scoring["interval_s"] = max(poll_interval_s, _scale(scoring.get("interval_s", ScoringConfig.interval_s), compression))
+    scoring["window_s"] = max(5 * poll_interval_s, _scale(scoring.get("window_s", ScoringConfig.window_s), compression))
     # model_unlist_grace_s stays: it must outlast the hook's refresh_seconds, which is not scaled.
-    scoring["model_linger_s"] = _scale(scoring.get("model_linger_s", 300), compression)
+    scoring["model_linger_s"] = _scale(scoring.get("model_linger_s", ScoringConfig.model_linger_s), compression)
     agent = result.setdefault("agent", {}) or {}
     result["agent"] = agent
     agent["interval_s"] = poll_interval_s
-    agent["feature_check_s"] = max(poll_interval_s, _scale(agent.get("feature_check_s", 60), compression))
+    agent["feature_check_s"] = max(poll_interval_s, _scale(agent.get("feature_check_s", AgentConfig.feature_check_s), compression))
     agent["publish_features"] = publish_features
     return result
 
 
-def _scale_reclaim_section(section: dict[str, Any], compression: float, poll_interval_s: float) -> None:
+def _scale_reclaim_section(section: dict[str, Any], compression: float, poll_interval_s: float,
+                           inherited_min_samples: int) -> None:
     for key in _SCALED_RECLAIM_KEYS:
         if key in section:
             section[key] = _scale(section[key], compression)
     if "window_s" in section or "min_samples" in section:
         window = section.get("window_s")
-        samples = section.get("min_samples", 10)
+        samples = section.get("min_samples", inherited_min_samples)
         if window is not None:
             # A window holds window/interval samples; ask for half of them, like the site's ratio at worst.
             samples = min(samples, math.floor(window / poll_interval_s / 2))

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from slurm_aigc.policy.loader import load_policy
+from slurm_aigc.policy.model import AgentConfig, ClassPolicy, ReclaimConfig, ScoringConfig
 from slurm_aigc.profiles import Phase
 from slurm_aigc.replay.timescale import (
     Compression,
@@ -97,3 +98,21 @@ def test_only_the_classes_that_cannot_fire_are_warned_and_a_backlog_cut_counts()
 def test_a_hung_job_counts_until_its_time_limit() -> None:
     hung = _job("h", "train", 900.0, time_limit_s=120)
     assert longest_hold_by_class([hung, _job("x", "train", 60.0)]) == {"train": 120.0}
+
+
+def test_keys_the_site_left_out_scale_the_loaders_defaults() -> None:
+    # A policy without agent/scoring/reclaim timing: the replay scales the one set of defaults
+    # (policy/model.py), not a second set (it once scaled a 60 s feature check for 1800 s).
+    scaled = replay_policy({"reclaim": {"classes": {"infer": {"window_s": 600}}}}, 10, 1.0, publish_features=True)
+    assert scaled["agent"]["feature_check_s"] == AgentConfig.feature_check_s / 10
+    assert scaled["scoring"]["interval_s"] == ScoringConfig.interval_s / 10
+    assert scaled["scoring"]["model_linger_s"] == ScoringConfig.model_linger_s / 10
+    assert scaled["reclaim"]["cooldown_s"] == ReclaimConfig.cooldown_s / 10
+    # The class inherits the defaults' min_samples (capped at half the scaled window's samples).
+    assert scaled["reclaim"]["classes"]["infer"]["min_samples"] == min(ClassPolicy.min_samples, 30)
+
+
+def test_a_class_without_min_samples_inherits_the_sites_defaults_value() -> None:
+    policy = {"reclaim": {"defaults": {"min_samples": 12}, "classes": {"infer": {"window_s": 6000}}}}
+    scaled = replay_policy(policy, 10, 1.0, publish_features=True)
+    assert scaled["reclaim"]["classes"]["infer"]["min_samples"] == 12
