@@ -32,7 +32,6 @@ LOG = logging.getLogger(__name__)
 _SHORT_SINCE_RE = re.compile(r"^\d+[smhdw]$")
 
 
-
 def _policy_file(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
     """--config, else the file the environment names; None: none anywhere (the model's defaults).
 
