@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable
-from typing import TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
 
 from slurm_aigc.errors import SlurmCommandError
+from slurm_aigc.policy.install import install_hook
+from slurm_aigc.policy.loader import load_policy, parse_policy_text
+from slurm_aigc.policy.paths import shipped_policy
+from slurm_aigc.policy.render import render_hook
 from slurm_aigc.slurm import JobInfo
 from slurm_aigc.telemetry.gres import gres_indices
 
@@ -83,3 +91,15 @@ def gpu_indices_of_job(job: JobInfo | None) -> list[int]:
 def allocated_gpu_indices(cluster: object, job_id: str) -> list[int]:
     """`scontrol -d show job JOB` (as `SlurmCli.job` reads it): the GPU indices the job holds."""
     return gpu_indices_of_job(cluster.slurm.job(job_id))  # type: ignore[attr-defined]
+
+
+@contextmanager
+def hook_with_policy(cluster: Any, document: dict[str, Any], policy_file: Path) -> Iterator[Path]:
+    """slurmctld's hook rendered from `document` (written to `policy_file`, yielded); the
+    shipped policy's hook is installed again afterwards, so later tests see the default."""
+    policy_file.write_text(yaml.safe_dump(document))
+    install_hook(render_hook(parse_policy_text(policy_file.read_text(), str(policy_file))), cluster.etc_dir)
+    try:
+        yield policy_file
+    finally:
+        install_hook(render_hook(load_policy(shipped_policy())), cluster.etc_dir)

@@ -20,12 +20,10 @@ import pytest
 import yaml
 
 from slurm_aigc.policy.install import HOOK_FILE, atomic_write, install_hook
-from slurm_aigc.policy.loader import load_policy, parse_policy_text
 from slurm_aigc.policy.paths import shipped_policy
-from slurm_aigc.policy.render import render_hook
 from slurm_aigc.slurm import JobInfo
 from slurm_aigc.tags import trusted_class, trusted_opt_out
-from tests.integration.helpers import cancel_quietly, gpu_indices_of_job, submit, wait_for, wait_job_state
+from tests.integration.helpers import gpu_indices_of_job, hook_with_policy, submit, wait_for, wait_job_state
 
 pytestmark = pytest.mark.cluster
 
@@ -50,18 +48,8 @@ def hook_installed(cluster: Any, published: Path) -> Iterator[Path]:
     document["rewrites"]["model_prefer"]["published_features_file"] = str(published)
     document["rewrites"]["model_prefer"]["refresh_seconds"] = 0
     document["classes"]["imagegen"]["time_minutes"] = 90
-    policy_file = published.parent / "policy.yaml"
-    policy_file.write_text(yaml.safe_dump(document))
-    install_hook(render_hook(parse_policy_text(policy_file.read_text(), str(policy_file))), cluster.etc_dir)
-    yield policy_file
-    install_hook(render_hook(load_policy(shipped_policy())), cluster.etc_dir)
-
-
-@pytest.fixture
-def jobs(cluster: Any) -> Iterator[list[str]]:
-    submitted: list[str] = []
-    yield submitted
-    cancel_quietly(cluster, *submitted)
+    with hook_with_policy(cluster, document, published.parent / "policy.yaml") as policy_file:
+        yield policy_file
 
 
 def alice_uid() -> int:

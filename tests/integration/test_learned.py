@@ -18,13 +18,10 @@ from typing import Any
 import pytest
 import yaml
 
-from slurm_aigc.policy.install import install_hook
-from slurm_aigc.policy.loader import load_policy, parse_policy_text
 from slurm_aigc.policy.paths import shipped_policy
-from slurm_aigc.policy.render import render_hook
 from slurm_aigc.tags import trusted_tags
 from slurm_aigc.telemetry.learned import LearnedEntry, format_table
-from tests.integration.helpers import cancel_quietly, submit, wait_job_state
+from tests.integration.helpers import hook_with_policy, submit, wait_job_state
 
 pytestmark = pytest.mark.cluster
 
@@ -46,18 +43,8 @@ def learned_policy(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> It
     table.chmod(0o644)
     document = yaml.safe_load(shipped_policy().read_text())
     document["learned"].update(enabled=True, file=str(table), refresh_seconds=0)
-    policy_file = directory / "policy.yaml"
-    policy_file.write_text(yaml.safe_dump(document))
-    install_hook(render_hook(parse_policy_text(policy_file.read_text(), str(policy_file))), cluster.etc_dir)
-    yield policy_file
-    install_hook(render_hook(load_policy(shipped_policy())), cluster.etc_dir)
-
-
-@pytest.fixture
-def jobs(cluster: Any) -> Iterator[list[str]]:
-    submitted: list[str] = []
-    yield submitted
-    cancel_quietly(cluster, *submitted)
+    with hook_with_policy(cluster, document, directory / "policy.yaml") as policy_file:
+        yield policy_file
 
 
 def classify(policy: Path, *args: str) -> dict[str, Any]:

@@ -20,7 +20,7 @@ import pytest
 from slurm_aigc.db import open_database
 from slurm_aigc.telemetry.config import ScoringConfig
 from slurm_aigc.telemetry.store import TelemetryStore
-from tests.integration.helpers import allocated_gpu_indices, cancel_quietly, submit, wait_for, wait_job_state
+from tests.integration.helpers import allocated_gpu_indices, submit, wait_for, wait_job_state
 
 pytestmark = pytest.mark.cluster
 
@@ -37,13 +37,6 @@ def restored(cluster: Any) -> Iterator[dict[str, tuple[tuple[str, ...], int]]]:
     yield before
     for name, (features, weight) in before.items():
         cluster.slurm.update_node(name, features=list(features), weight=weight)
-
-
-@pytest.fixture
-def jobs(cluster: Any) -> Iterator[list[str]]:
-    submitted: list[str] = []
-    yield submitted
-    cancel_quietly(cluster, *submitted)
 
 
 def features_of(cluster: Any, node: str) -> tuple[str, ...]:
