@@ -12,7 +12,7 @@ import click
 
 from slurm_aigc.errors import AigcError
 from slurm_aigc.policy.model import LearnedConfig
-from slurm_aigc.telemetry.learned import LearnedEntry, lookup, name_pattern, parse_table
+from slurm_aigc.telemetry.learned import COMPUTING_MIN_PCT, LearnedEntry, lookup, name_pattern, parse_table
 from slurm_aigc.textfmt import text_table
 
 config_option = click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
@@ -79,7 +79,8 @@ def why(entry: LearnedEntry, config: LearnedConfig) -> str:
         parts.append(f"vram {entry.vram_gib}G: p95 of {entry.jobs} job peaks {entry.p95_peak_mib:.0f} MiB "
                      f"+ {config.vram_margin_pct:g} %, rounded up")
     if entry.sm is not None:
-        parts.append(f"sm {entry.sm:g}: mean SM of {entry.jobs} job(s)")
+        parts.append(f"sm {entry.sm:g}: mean of {entry.jobs} job(s) SM while computing (samples above "
+                     f"{COMPUTING_MIN_PCT:g} %)")
     return "; ".join(parts) + f" (jobs that ended in the last {config.max_age_days:g} days)"
 
 
