@@ -21,11 +21,6 @@ from slurm_aigc.policy.sections import agent_section as parse_agent_section
 from slurm_aigc.policy.sections import scoring_section as parse_scoring_section
 
 
-def load_agent_config(path: str | None, simgpu_dir: str | None = None) -> AgentConfig:
-    """`agent:` of the policy file at `path` (None: the model's defaults), `simgpu_dir` as `load_policy`'s."""
-    return load_policy(path, hook_sections=False, simgpu_dir=simgpu_dir).agent
-
-
 def load_scoring_config(path: str | None) -> ScoringConfig:
     """`scoring:` of the policy file at `path`; the caller finds it (`policy.paths.find_policy`), None: defaults."""
     return load_policy(path, hook_sections=False).scoring
@@ -33,5 +28,5 @@ def load_scoring_config(path: str | None) -> ScoringConfig:
 
 __all__ = [
     "BACKENDS", "DEFAULT_PUBLISHED_FEATURES_FILE", "DEFAULT_SIMGPU_DIR", "AgentConfig",
-    "ScoringConfig", "load_agent_config", "load_scoring_config", "parse_agent_section", "parse_scoring_section",
+    "ScoringConfig", "load_scoring_config", "parse_agent_section", "parse_scoring_section",
 ]

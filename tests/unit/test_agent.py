@@ -284,9 +284,10 @@ def test_the_shipped_policy_file_parses() -> None:
     shipped = Path(__file__).resolve().parents[2] / "etc" / "slurm-aigc.yaml"
     if not shipped.exists():
         pytest.skip("etc/slurm-aigc.yaml not written yet")
-    from slurm_aigc.telemetry.config import load_agent_config, load_scoring_config
+    from slurm_aigc.policy.loader import load_policy
+    from slurm_aigc.telemetry.config import load_scoring_config
 
-    assert load_agent_config(str(shipped)).interval_s > 0
+    assert load_policy(str(shipped), hook_sections=False).agent.interval_s > 0
     assert load_scoring_config(str(shipped)).weight_min < load_scoring_config(str(shipped)).weight_max
 
 

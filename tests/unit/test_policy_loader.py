@@ -132,7 +132,7 @@ def test_daemons_without_a_policy_file_use_the_shipped_one(tmp_path: Path, monke
     from slurm_aigc.policy import paths
     from slurm_aigc.policy.site import load_site_policy
     from slurm_aigc.reclaim.config import load_reclaim_config
-    from slurm_aigc.telemetry.config import load_agent_config, load_scoring_config
+    from slurm_aigc.telemetry.config import load_scoring_config
 
     monkeypatch.delenv("SLURM_AIGC_CONFIG", raising=False)
     monkeypatch.delenv("SLURM_AIGC_SIMGPU_DIR", raising=False)
@@ -144,7 +144,7 @@ def test_daemons_without_a_policy_file_use_the_shipped_one(tmp_path: Path, monke
     assert (site.reclaim, site.scoring, site.agent) == (policy.reclaim, policy.scoring, policy.agent)
     assert load_reclaim_config(found) == policy.reclaim  # not dataclass defaults of its own
     assert load_scoring_config(str(found)) == policy.scoring
-    assert load_agent_config(str(found)) == policy.agent
+    assert load_policy(found, hook_sections=False).agent == policy.agent
 
 
 def test_the_site_policy_is_the_option_else_the_environment_else_etc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
