@@ -20,7 +20,7 @@ import yaml
 
 from slurm_aigc.policy.paths import shipped_policy
 from slurm_aigc.tags import trusted_tags
-from slurm_aigc.telemetry.learned import LearnedEntry, format_table
+from slurm_aigc.telemetry.learned import LearnedEntry, format_table, name_pattern
 from tests.integration.helpers import hook_with_policy, submit, wait_job_state
 
 pytestmark = pytest.mark.cluster
@@ -74,3 +74,20 @@ def test_the_entry_is_the_owners_only_and_a_typed_tag_wins(cluster: Any, learned
     bob, typed = (wait_job_state(cluster, job_id, "RUNNING", timeout_s=60) for job_id in jobs)
     assert trusted_tags(bob.admin_comment) == {"class": "unknown"} and "shard" not in bob.tres_per_node
     assert trusted_tags(typed.admin_comment) == {"class": "train"} and "shard" not in typed.tres_per_node
+
+
+def test_a_hostile_name_is_plain_words_to_slurmctlds_hook_and_the_learner(cluster: Any, learned_policy: Path,
+                                                                           jobs: list[str]) -> None:
+    # Glob and Lua pattern characters, a newline and an upper-case mix: separators, never a
+    # wildcard. The first name's words are the entry's key (plus a counter); the second would
+    # match the key only if the key were read as a pattern.
+    matching, pattern_like = "AIGC_itest*GEN?[\n0044]", "aigc-itest-.*"
+    assert name_pattern(matching) == "aigc-itest-gen" and name_pattern(pattern_like) == "aigc-itest"
+    jobs.append(submit(cluster, "sleep 60\n", "--gres=gpu:1", f"--job-name={matching}"))
+    jobs.append(submit(cluster, "sleep 60\n", "--gres=gpu:1", f"--job-name={pattern_like}"))
+    learned, plain = (wait_job_state(cluster, job_id, "RUNNING", timeout_s=60) for job_id in jobs)
+    assert learned.name == matching, learned.name  # the name reached slurmctld whole
+    assert trusted_tags(learned.admin_comment) == {"class": "infer", "learned": "1"}, learned.admin_comment
+    assert "shard" in learned.tres_per_node, learned.tres_per_node
+    assert trusted_tags(plain.admin_comment) == {"class": "unknown"}, plain.admin_comment
+    assert "shard" not in plain.tres_per_node, plain.tres_per_node
