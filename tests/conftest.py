@@ -12,9 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.engine import make_url
 
 from slurm_aigc.db import drop_database, read_url_file, recreate_database
 from slurm_aigc.errors import DatabaseError
@@ -94,59 +92,8 @@ def shared_dir() -> Path:
 
 
 @dataclass
-class MariaDbServer:
-    """The local cluster's MariaDB as the `test` role: throwaway databases for one test session."""
-
-    server_url: URL
-    created: list[str] = field(default_factory=list)
-    _numbers: Iterator[int] = field(default_factory=itertools.count)
-
-    def create_database(self) -> str:
-        """A new empty database (dropped at the end of the session); returns its URL."""
-        name = f"{TEST_DATABASE_PREFIX}{os.getpid()}_{next(self._numbers)}"
-        self._execute(f"CREATE DATABASE {name} CHARACTER SET utf8mb4")
-        self.created.append(name)
-        return self.server_url.set(database=name).render_as_string(hide_password=False)
-
-    def drop_all(self) -> None:
-        for name in self.created:
-            self._execute(f"DROP DATABASE IF EXISTS {name}")
-
-    def _execute(self, sql: str) -> None:
-        engine = create_engine(self.server_url)
-        try:
-            with engine.begin() as connection:
-                connection.execute(text(sql))
-        finally:
-            engine.dispose()
-
-
-@pytest.fixture(scope="session")
-def mariadb() -> Iterator[MariaDbServer]:
-    """The local cluster's MariaDB (scripts/test.sh brings the cluster up); skips, saying why, without it."""
-    path = LocalCluster().db_url_file("test")
-    if not path.exists():
-        pytest.skip(f"MariaDB leg: the local cluster's MariaDB is not set up ({path} absent): run "
-                    "`slurm-aigc cluster up` (scripts/test.sh does)")
-    url = make_url(read_url_file(path))
-    server = MariaDbServer(URL.create(url.drivername, url.username, url.password, url.host, url.port, None, url.query))
-    try:
-        server._execute("SELECT 1")
-    except SQLAlchemyError as error:
-        pytest.skip(f"MariaDB leg: the local cluster's MariaDB does not answer ({type(error).__name__}): "
-                    "run `slurm-aigc cluster up`")
-    yield server
-    server.drop_all()
-
-
-# Opt-in PostgreSQL leg (not in scripts/test.sh): the URL of a role that may create databases and
-# roles on a PostgreSQL >= 13 server, e.g. postgresql+psycopg://aigc_pgtest:PW@localhost/postgres.
-PG_URL_ENV = "SLURM_AIGC_TEST_PG_URL"
-
-
-@dataclass
-class PostgresServer:
-    """A PostgreSQL server as a role that may create databases and roles: throwaway databases."""
+class DatabaseServer:
+    """A MariaDB or PostgreSQL server as a role that may create databases: throwaway databases."""
 
     server_url: str
     created: list[str] = field(default_factory=list)
@@ -164,13 +111,34 @@ class PostgresServer:
 
 
 @pytest.fixture(scope="session")
-def postgresql() -> Iterator[PostgresServer]:
+def mariadb() -> Iterator[DatabaseServer]:
+    """The local cluster's MariaDB (scripts/test.sh brings the cluster up); skips, saying why, without it."""
+    path = LocalCluster().db_url_file("test")
+    if not path.exists():
+        pytest.skip(f"MariaDB leg: the local cluster's MariaDB is not set up ({path} absent): run "
+                    "`slurm-aigc cluster up` (scripts/test.sh does)")
+    server = DatabaseServer(make_url(read_url_file(path)).set(database=None).render_as_string(hide_password=False))
+    try:
+        server.create_database()
+    except DatabaseError as error:
+        pytest.skip(f"MariaDB leg: the local cluster's MariaDB does not answer ({error}): run `slurm-aigc cluster up`")
+    yield server
+    server.drop_all()
+
+
+# Opt-in PostgreSQL leg (not in scripts/test.sh): the URL of a role that may create databases and
+# roles on a PostgreSQL >= 13 server, e.g. postgresql+psycopg://aigc_pgtest:PW@localhost/postgres.
+PG_URL_ENV = "SLURM_AIGC_TEST_PG_URL"
+
+
+@pytest.fixture(scope="session")
+def postgresql() -> Iterator[DatabaseServer]:
     """The PostgreSQL server named by $SLURM_AIGC_TEST_PG_URL; skips, saying how to opt in, without it."""
     url = os.environ.get(PG_URL_ENV)
     if not url:
         pytest.skip(f"PostgreSQL leg: opt in with {PG_URL_ENV}=postgresql+psycopg://USER:PW@HOST/postgres "
                     "(a role that may create databases and roles)")
-    server = PostgresServer(url)
+    server = DatabaseServer(url)
     try:
         server.create_database()
     except DatabaseError as error:
@@ -185,5 +153,5 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     then (opt-in, see PG_URL_ENV) one on a PostgreSQL server."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'state.db'}"
-    server: MariaDbServer | PostgresServer = request.getfixturevalue(request.param)
+    server: DatabaseServer = request.getfixturevalue(request.param)
     return server.create_database()

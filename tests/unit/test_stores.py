@@ -33,7 +33,7 @@ from slurm_aigc.reclaim.store import ReclaimStore, SampleRow
 from slurm_aigc.telemetry.attribution import JobGpuUsage
 from slurm_aigc.telemetry.records import GpuProcess, GpuReading, NodeReading
 from slurm_aigc.telemetry.store import Publication, TelemetryStore
-from tests.conftest import PostgresServer
+from tests.conftest import DatabaseServer
 
 T0 = datetime(2026, 12, 1, 10, tzinfo=UTC)
 DEPLOY_DOC = Path(__file__).resolve().parents[2] / "docs" / "deploy.md"
@@ -132,7 +132,7 @@ def _statements(sql: str) -> list[str]:
 class PostgresRoles:
     """A new database with its own controller and agent roles, set up as docs/deploy.md says."""
 
-    server: PostgresServer
+    server: DatabaseServer
     suffix: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
     def __post_init__(self) -> None:
@@ -177,7 +177,7 @@ class PostgresRoles:
 
 
 @pytest.fixture
-def postgres_roles(postgresql: PostgresServer) -> Iterator[PostgresRoles]:
+def postgres_roles(postgresql: DatabaseServer) -> Iterator[PostgresRoles]:
     roles = PostgresRoles(postgresql)
     yield roles
     roles.drop()
