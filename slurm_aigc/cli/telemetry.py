@@ -17,13 +17,14 @@ import click
 from slurm_aigc.telemetry.backends import open_backend
 from slurm_aigc.telemetry.loadgen import (
     PROFILES,
+    GpuOutOfMemory,
     LoadRun,
     Profile,
     make_plan,
     node_name,
     parse_profile_spec,
 )
-from slurm_aigc.telemetry.simgpu import SimGpuBackend, default_simgpu_dir
+from slurm_aigc.telemetry.simgpu import SimGpuBackend, default_simgpu_dir, read_inventory
 from slurm_aigc.telemetry.topology import TopologyMatrix, parse_topo_matrix
 from slurm_aigc.textfmt import text_table
 from slurm_aigc.validation import parse_size_gib
@@ -123,11 +124,15 @@ def gpu_load(
     explicit = None if gpus is None else _gpu_list(gpus)
     plan = make_plan(os.environ, directory, profile, util_pct, mem_gib, power_factor, 0.0 if until_killed else seconds, explicit,
                      work_conserving)
-    run = LoadRun(plan, directory, time.monotonic, live_loads=SimGpuBackend(plan.node, directory).live_loads)
+    _, inventory, _ = read_inventory(directory, plan.node)
+    run = LoadRun(plan, directory, time.monotonic, live_loads=SimGpuBackend(plan.node, directory).live_loads,
+                  memory_total_mib={gpu.index: gpu.memory_total_mib for gpu in inventory})
     run.install_signal_handlers()
     click.echo(f"gpu-load pid {run.pid} on {plan.node} GPUs {list(plan.gpus)}: profile {profile.name}", err=True)
     try:
         run.run()
+    except GpuOutOfMemory as error:  # the job fails, as a framework's CUDA OOM makes it exit 1
+        raise click.ClickException(str(error)) from None
     except OSError as error:  # e.g. procs/ not writable for this user
         raise click.ClickException(f"cannot write the simulated load under {directory}: {error}") from None
 

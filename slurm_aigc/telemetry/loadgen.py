@@ -28,11 +28,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+from slurm_aigc.errors import AigcError
 from slurm_aigc.profiles import Phase, ProfileError, parse_phases
 from slurm_aigc.telemetry.procfs import ProcFs
 from slurm_aigc.telemetry.simgpu import (
     GpuLoad,
+    OutOfMemory,
     ProcLoad,
+    alloc_lock,
+    memory_shortfall,
     proc_file,
     read_inventory,
     write_proc_load,
@@ -236,6 +240,23 @@ def load_at(plan: LoadPlan, pid: int, t_seconds: float, start_ticks: int | None)
     return ProcLoad(pid, loads, plan.profile.phases[index].kind, plan.job_id, start_ticks)
 
 
+class GpuOutOfMemory(AigcError):
+    """The load asked more GPU memory than its GPU had free: the job fails, as with a real CUDA OOM."""
+
+    def __init__(self, node: str, short: OutOfMemory) -> None:
+        super().__init__(
+            f"CUDA out of memory (simulated): tried to allocate {short.asked_mib / MIB_PER_GIB:.1f} GiB on GPU "
+            f"{short.gpu_index} of {node} ({short.total_mib / MIB_PER_GIB:.1f} GiB total, "
+            f"{short.free_mib / MIB_PER_GIB:.1f} GiB free)")
+        self.short = short
+
+
+def memory_grows(load: ProcLoad, last: ProcLoad | None) -> bool:
+    """Whether `load` holds more memory than `last` on any GPU (the moment an allocation can fail)."""
+    before = {g.index: g.memory_used_mib for g in last.gpus} if last is not None else {}
+    return any(g.memory_used_mib > before.get(g.index, 0.0) for g in load.gpus)
+
+
 # How often a work-conserving busy phase re-reads its GPUs' crowd (others start and stop).
 CONTENTION_POLL_S = 2.0
 
@@ -247,6 +268,10 @@ class LoadRun:
     phase change as timeout (SIGTERM/SIGINT end the run, SIGUSR1 logs and continues).
     The profile clock runs with the wall clock, except in work-conserving busy phases,
     where it runs at `progress_rate` of the loads `live_loads` returns.
+
+    With `memory_total_mib` (GPU index -> MiB), a load that takes more memory than its GPUs
+    have free beside the other live loads raises GpuOutOfMemory instead of being written:
+    the check and the write happen under the node's `alloc.lock`.
     """
 
     def __init__(
@@ -258,9 +283,11 @@ class LoadRun:
         proc_root: Path = Path("/proc"),
         wait: Callable[[float], object] | None = None,
         live_loads: Callable[[], Sequence[ProcLoad]] | None = None,
+        memory_total_mib: Mapping[int, float] | None = None,
     ) -> None:
         self.plan = plan
         self.live_loads = live_loads
+        self.memory_total_mib = memory_total_mib
         self.simgpu_dir = simgpu_dir
         self.clock = clock
         self.pid = os.getpid() if pid is None else pid
@@ -298,13 +325,24 @@ class LoadRun:
                     break
                 load = load_at(self.plan, self.pid, t, self.start_ticks)
                 if load != last:
-                    write_proc_load(self.simgpu_dir, self.plan.node, load)
+                    self._write(load, last)
                     LOG.info("gpu-load: phase %s on GPUs %s", load.phase, [g.index for g in load.gpus])
                     last = load
                 rate = self._rate(load)
                 self._wait(self._wait_s(t, rate, load))
         finally:
             self._remove_file()
+
+    def _write(self, load: ProcLoad, last: ProcLoad | None) -> None:
+        if self.memory_total_mib is None or not memory_grows(load, last):
+            write_proc_load(self.simgpu_dir, self.plan.node, load)
+            return
+        with alloc_lock(self.simgpu_dir, self.plan.node):
+            others = self.live_loads() if self.live_loads is not None else ()
+            short = memory_shortfall(load, others, self.memory_total_mib)
+            if short is not None:
+                raise GpuOutOfMemory(self.plan.node, short)
+            write_proc_load(self.simgpu_dir, self.plan.node, load)
 
     def _conserves_work(self, load: ProcLoad) -> bool:
         return self.plan.work_conserving and self.live_loads is not None and load.phase == "busy"

@@ -5,6 +5,8 @@ Layout under the simgpu directory (`SLURM_AIGC_SIMGPU_DIR`, default
 
 - `<node>/inventory.json`: the node's GPUs and its `nvidia-smi topo -m` text, written by
   the local cluster through `write_inventory` (format in docs/architecture.md).
+- `<node>/alloc.lock`: held while a `gpu-load` checks that its memory fits beside the others
+  and writes its process file, so two jobs starting together cannot both take the last GiB.
 - `<node>/procs/<pid>.json`: what process `pid` does to which GPUs, written by
   `slurm-aigc gpu-load` inside a job (`write_proc_load`), removed when it exits. A file
   whose process is gone (or whose pid was reused: the start time differs) is ignored
@@ -18,11 +20,13 @@ busy yet cool, as a spinning kernel does on real hardware.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -109,14 +113,17 @@ def write_inventory(
     topology_text: str,
     driver_version: str = SIM_DRIVER_VERSION,
 ) -> Path:
-    """Write `<simgpu>/<node>/inventory.json` (atomically) and a world-writable `procs/`.
+    """Write `<simgpu>/<node>/inventory.json` (atomically), a world-writable `procs/` and `alloc.lock`.
 
-    `procs/` is mode 1777 (like /tmp) because `gpu-load` runs as the job's user.
+    `procs/` is mode 1777 (like /tmp) because `gpu-load` runs as the job's user. The lock
+    file is 0644: flock needs only a read-only descriptor, and a file the writer owns outside
+    the sticky folder cannot be swapped by a job.
     """
     node_dir = Path(simgpu_dir) / node
     procs = node_dir / "procs"
     procs.mkdir(parents=True, exist_ok=True)
     os.chmod(procs, 0o1777)  # noqa: S103 - sticky and world-writable like /tmp: jobs of every user write here
+    (node_dir / ALLOC_LOCK).touch(mode=0o644, exist_ok=True)
     document = {
         "node": node,
         "driver_version": driver_version,
@@ -190,6 +197,57 @@ class ProcLoad:
     job_id: str | None = None
     start_ticks: int | None = None  # field 22 of /proc/<pid>/stat: tells a reused pid apart
     extra: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+
+ALLOC_LOCK = "alloc.lock"
+
+
+@contextlib.contextmanager
+def alloc_lock(simgpu_dir: Path, node: str) -> Iterator[None]:
+    """Hold the node's `alloc.lock` (exclusive flock); without the file (old inventory) hold nothing."""
+    try:
+        fd = os.open(Path(simgpu_dir) / node / ALLOC_LOCK, os.O_RDONLY)
+    except FileNotFoundError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the flock
+
+
+@dataclass(frozen=True)
+class OutOfMemory:
+    """Why a load does not fit: the GPU, what the process asks, what the others leave free."""
+
+    gpu_index: int
+    asked_mib: float
+    free_mib: float
+    total_mib: float
+
+
+def memory_shortfall(load: ProcLoad, others: Iterable[ProcLoad], total_mib: Mapping[int, float]) -> OutOfMemory | None:
+    """The first of `load`'s GPUs where it asks more memory than the other processes leave, or None.
+
+    As on a real GPU, where cudaMalloc fails once the card's memory is taken: Slurm (and a
+    shard) reserves no memory, so a job larger than its GPU, or than what its neighbours
+    left, cannot start its work. GPUs missing from `total_mib` are not checked.
+    """
+    used: dict[int, float] = {}
+    for other in others:
+        if other.pid == load.pid:
+            continue
+        for gpu in other.gpus:
+            used[gpu.index] = used.get(gpu.index, 0.0) + gpu.memory_used_mib
+    for gpu in load.gpus:
+        total = total_mib.get(gpu.index)
+        if total is None:
+            continue
+        free = max(0.0, total - used.get(gpu.index, 0.0))
+        if gpu.memory_used_mib > free:
+            return OutOfMemory(gpu.index, gpu.memory_used_mib, free, total)
+    return None
 
 
 def proc_file(simgpu_dir: Path, node: str, pid: int) -> Path:

@@ -14,6 +14,7 @@ import pytest
 
 from slurm_aigc.telemetry.loadgen import (
     PROFILES,
+    GpuOutOfMemory,
     LoadPlan,
     LoadRun,
     ProfileError,
@@ -30,6 +31,7 @@ from slurm_aigc.telemetry.simgpu import (
     GpuLoad,
     ProcLoad,
     SimGpuBackend,
+    memory_shortfall,
     parse_proc_load,
     proc_file,
     sim_gpus,
@@ -200,6 +202,46 @@ def test_work_conserving_busy_phase_lasts_longer_on_a_crowded_gpu(tmp_path: Path
     assert play(tmp_path, True, [proc(99, (1, 100.0))]) == [(0.0, "loading"), (30.0, "busy"), (90.0, "idle"), (100.0, "end")]
 
 
+def mem(pid: int, *mib_by_gpu: tuple[int, float]) -> ProcLoad:
+    return ProcLoad(pid, tuple(GpuLoad(index, 50.0, mib) for index, mib in mib_by_gpu), "busy")
+
+
+def test_memory_shortfall_counts_the_other_processes_on_each_gpu() -> None:
+    totals = {0: 16384.0, 1: 16384.0}
+    assert memory_shortfall(mem(1, (0, 16384.0)), [], totals) is None  # exactly the card fits
+    short = memory_shortfall(mem(1, (0, 20480.0)), [], totals)
+    assert short is not None and (short.gpu_index, short.free_mib) == (0, 16384.0)
+    neighbours = [mem(2, (1, 10240.0)), mem(3, (1, 2048.0)), mem(1, (1, 99999.0))]  # own old file is not a neighbour
+    assert memory_shortfall(mem(1, (0, 8192.0), (1, 4096.0)), neighbours, totals) is None
+    short = memory_shortfall(mem(1, (0, 8192.0), (1, 4097.0)), neighbours, totals)
+    assert short is not None and (short.gpu_index, short.free_mib) == (1, 4096.0)
+    assert memory_shortfall(mem(1, (7, 1e9)), [], totals) is None  # a GPU of unknown size is not checked
+
+
+def test_a_load_larger_than_its_gpu_fails_and_writes_nothing(tmp_path: Path) -> None:
+    plan = LoadPlan("t4-01", (0,), BUSY, 85, 20, 1.0, 60, "5")
+    run = LoadRun(plan, tmp_path, FakeTime().clock, pid=4242, wait=lambda s: None, live_loads=list,
+                  memory_total_mib={0: 16 * 1024.0})
+    with pytest.raises(GpuOutOfMemory, match=r"tried to allocate 20.0 GiB on GPU 0 of t4-01 \(16.0 GiB total, 16.0 GiB free\)"):
+        run.run()
+    assert not proc_file(tmp_path, "t4-01", 4242).exists()
+
+
+def test_the_later_job_fails_when_a_neighbour_took_the_memory(tmp_path: Path) -> None:
+    plan = LoadPlan("t4-01", (0,), BUSY, 85, 10, 1.0, 60, "5")
+    fake = FakeTime()
+
+    def run_beside(neighbours: list[ProcLoad]) -> LoadRun:
+        run = LoadRun(plan, tmp_path, fake.clock, pid=4242, live_loads=lambda: neighbours,
+                      memory_total_mib={0: 16 * 1024.0})
+        run._wait = lambda seconds: run.stop.set()
+        return run
+
+    with pytest.raises(GpuOutOfMemory, match="6.0 GiB free"):
+        run_beside([mem(7, (0, 10 * 1024.0))]).run()
+    run_beside([mem(7, (1, 10 * 1024.0))]).run()  # the neighbour is on another GPU: it fits and runs
+
+
 def wait_for(predicate: object, timeout_s: float = 15.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -231,3 +273,36 @@ def test_command_runs_under_signals_and_cleans_up(tmp_path: Path) -> None:
             child.kill()
     assert not path.exists()
     assert child.stderr is not None and "checkpoint requested" in child.stderr.read()
+
+
+def test_command_exits_1_with_a_cuda_oom_message_when_the_gpu_is_too_small(tmp_path: Path) -> None:
+    write_inventory(tmp_path, "t4-01", sim_gpus("t4-01", "t4", 4, nvlink=False), sim_topology_text(4, nvlink=False))
+    env = {**os.environ, "SLURMD_NODENAME": "t4-01", "SLURM_JOB_GPUS": "2", "SLURM_AIGC_SIMGPU_DIR": str(tmp_path)}
+    env.pop("SLURM_STEP_GPUS", None)
+    argv = [sys.executable, "-c", "from slurm_aigc.cli.main import main; main()", "gpu-load", "--mem", "28G", "--seconds", "30"]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 1
+    assert "CUDA out of memory (simulated): tried to allocate 28.0 GiB on GPU 2 of t4-01" in done.stderr
+    assert not list((tmp_path / "t4-01" / "procs").glob("*.json"))
+
+
+def test_two_jobs_starting_together_cannot_both_take_the_last_memory(tmp_path: Path) -> None:
+    write_inventory(tmp_path, "t4-01", sim_gpus("t4-01", "t4", 4, nvlink=False), sim_topology_text(4, nvlink=False))
+    assert (tmp_path / "t4-01" / "alloc.lock").stat().st_mode & 0o777 == 0o644
+    env = {**os.environ, "SLURMD_NODENAME": "t4-01", "CUDA_VISIBLE_DEVICES": "0", "SLURM_AIGC_SIMGPU_DIR": str(tmp_path)}
+    for name in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
+        env.pop(name, None)
+    argv = [sys.executable, "-c", "from slurm_aigc.cli.main import main; main()", "gpu-load", "--mem", "10G", "--until-killed"]
+    children = [subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    try:
+        wait_for(lambda: any(c.poll() is not None for c in children))
+        failed = [c for c in children if c.poll() is not None]
+        running = [c for c in children if c.poll() is None]
+        assert len(failed) == 1 and failed[0].returncode == 1
+        assert failed[0].stderr is not None and "CUDA out of memory" in failed[0].stderr.read()
+        wait_for(proc_file(tmp_path, "t4-01", running[0].pid).exists)
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.terminate()
+                child.wait(timeout=15)
