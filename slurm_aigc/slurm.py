@@ -180,6 +180,8 @@ class SlurmCli:
         self._timeout_s = timeout_s
         self._version = slurm_version
         self._warned_json = False
+        # The last listing's records by job id, each with its JobInfo (see `jobs`).
+        self._listed: dict[int | None, tuple[JsonObject, JobInfo]] = {}
 
     def _slurm_version(self) -> tuple[int, int, int]:
         """`scontrol --version`, asked once per SlurmCli."""
@@ -256,8 +258,23 @@ class SlurmCli:
         self.run("scontrol", args)
 
     def jobs(self) -> list[JobInfo]:
-        """Every job slurmctld still remembers: `squeue --json` (22.05), `scontrol -d --json show job` (23.02+)."""
-        return [job_from_json(entry) for entry in self._job_records(None)]
+        """Every job slurmctld still remembers: `squeue --json` (22.05), `scontrol -d --json show job` (23.02+).
+
+        A record equal to the one the previous listing gave for its job id keeps that
+        listing's JobInfo (frozen, and `job_from_json` is a function of the record alone):
+        converting 10,000 jobs cost 0.25-0.33 s a controller tick, comparing the records
+        ~0.02 s. Only the last listing is kept.
+        """
+        previous, listed = self._listed, {}
+        jobs = []
+        for entry in self._job_records(None):
+            key = slurmjson.number(entry.get("job_id"))
+            known = previous.get(key)
+            job = known[1] if known is not None and known[0] == entry else job_from_json(entry)
+            listed[key] = (entry, job)
+            jobs.append(job)
+        self._listed = listed
+        return jobs
 
     def job(self, job_id: str) -> JobInfo | None:
         """One job, or None once slurmctld has forgotten it.

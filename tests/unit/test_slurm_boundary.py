@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
 from slurm_aigc.errors import SlurmCommandError, SlurmParseError
-from slurm_aigc.slurm import CommandResult, SlurmCli, parse_duration_s, parse_key_values
+from slurm_aigc.slurm import CommandResult, SlurmCli, job_from_json, parse_duration_s, parse_key_values
 
 JSON = Path(__file__).resolve().parents[1] / "fixtures" / "slurm-json"
 V22, V24 = (22, 5, 8), (24, 11, 5)
@@ -92,6 +93,26 @@ def test_24_11_jobs_read_number_objects_state_lists_and_allocation_names() -> No
     assert states == {"71": "RUNNING", "53": "REQUEUED", "75": "COMPLETING"}  # flags win, as scontrol prints them
     (bob,) = [j for j in slurm.jobs() if j.job_id == "53"]
     assert bob.fields["Priority"] == "0" and bob.time_limit_s == 90 * 60 and bob.start_time is None
+
+
+def test_a_listing_reuses_the_jobinfo_of_unchanged_records_and_converts_changed_ones() -> None:
+    """Each listing equals a fresh conversion of every record; an unchanged record keeps its JobInfo object."""
+    records = json.loads((JSON / "squeue-22.05.json").read_text())["jobs"]
+    ended = [{**r, "job_state": "COMPLETED"} if r["job_id"] == 61 else r for r in records]
+    answers = [records, ended, [r for r in ended if r["job_id"] != 62], ended]
+
+    def runner(argv: Sequence[str], timeout_s: float, stdin: str | None = None) -> CommandResult:
+        return result(argv, json.dumps({"jobs": answers.pop(0), "errors": []}))
+
+    slurm = SlurmCli(runner, slurm_version=V22)
+    listings = [{j.job_id: j for j in slurm.jobs()} for _ in range(4)]
+    fresh = [{j.job_id: j for j in map(job_from_json, each)} for each in (records, ended, ended[:1] + ended[2:], ended)]
+    assert listings == fresh
+    first, second, third, fourth = listings
+    assert second["61"].state == "COMPLETED" and first["61"].state == "RUNNING"
+    assert second["53"] is first["53"] and second["62"] is first["62"]
+    assert "62" not in third and third["61"] is second["61"]
+    assert fourth["62"] is not second["62"]  # only the last listing is kept: 62 was converted again
 
 
 def test_version_is_asked_once_and_picks_the_json_source() -> None:
