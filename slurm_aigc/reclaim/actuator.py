@@ -70,7 +70,7 @@ def merge_admin_comment(existing: str, note: str) -> str:
     return admin_comment_with(existing, note, ADMIN_COMMENT_MAX)
 
 
-def recheck(plan: PlannedAction, job: JobInfo | None, config: ReclaimConfig, now_ts: float) -> str | None:
+def recheck(plan: PlannedAction, job: JobInfo | None, config: ReclaimConfig) -> str | None:
     """Why the job as Slurm shows it now no longer allows the planned action, or None."""
     if job is None:
         return "job no longer known to Slurm"
@@ -78,7 +78,7 @@ def recheck(plan: PlannedAction, job: JobInfo | None, config: ReclaimConfig, now
         return f"job is {job.state} now, no longer RUNNING"
     if job.restarts != plan.restarts_before:
         return f"job was restarted meanwhile (restarts {plan.restarts_before} -> {job.restarts})"
-    facts = job_facts(job, now_ts)
+    facts = job_facts(job)
     why_exempt = exemption(facts, config)
     if why_exempt:
         return f"{why_exempt} now"
@@ -171,7 +171,7 @@ class Actuator:
             current = self._slurm.job(plan.job_id)
         except SlurmCommandError as error:
             return outcome("failed", (), {"error": f"could not re-read the job before acting: {error}; not acted"})
-        why_not = recheck(plan, current, self.config, self._clock())
+        why_not = recheck(plan, current, self.config)
         if self._after_intent is not None:
             self._after_intent(plan)
         if why_not is not None or current is None:

@@ -128,12 +128,12 @@ def start_ts(job: JobInfo) -> float | None:
     return _epoch(job.start_time)
 
 
-def remaining_s(job: JobInfo, now_ts: float) -> float | None:
-    """Seconds until the job's time limit, None when unlimited or unknown."""
+def limit_end_ts(job: JobInfo) -> float | None:
+    """When the job's time limit runs out (epoch s), None when unlimited or unknown."""
     started = start_ts(job)
     if started is None or job.time_limit_s is None:
         return None
-    return max(0.0, started + job.time_limit_s - now_ts)
+    return started + job.time_limit_s
 
 
 def shard_gpus(job: JobInfo, shards_per_gpu_by_node: Mapping[str, int]) -> float:
@@ -186,8 +186,8 @@ def _is_plain_name(node_list: str) -> bool:
     return "[" not in node_list and "," not in node_list
 
 
-def job_facts(job: JobInfo, now_ts: float, shards_per_gpu_by_node: Mapping[str, int] | None = None) -> JobFacts:
-    """Planning's view of a running job."""
+def job_facts(job: JobInfo, shards_per_gpu_by_node: Mapping[str, int] | None = None) -> JobFacts:
+    """Planning's view of a running job: a function of the job and its node's shards per GPU alone."""
     gpus = gpu_count(job)
     return JobFacts(
         job_id=job.job_id,
@@ -201,7 +201,7 @@ def job_facts(job: JobInfo, now_ts: float, shards_per_gpu_by_node: Mapping[str, 
         num_nodes=job.num_nodes,
         gpus=gpus,
         opt_out=_opted_out(job.admin_comment),
-        remaining_s=remaining_s(job, now_ts),
+        limit_end_ts=limit_end_ts(job),
         shrinkable=bool(shrink_updates(job, 1)),
         shard_gpus=shard_gpus(job, shards_per_gpu_by_node or {}),
         declared_signal=declared_signal(job),

@@ -38,7 +38,9 @@ class JobFacts:
     num_nodes: int
     gpus: int
     opt_out: bool = False
-    remaining_s: float | None = None
+    # When its time limit runs out (epoch s), None when unlimited or unknown: facts do not move
+    # with the clock, so a tick keeps them while the job's record is unchanged.
+    limit_end_ts: float | None = None
     shrinkable: bool = True  # its GPU request is one we can rewrite (see jobs.shrink_updates)
     shard_gpus: float = 0.0  # its shards as GPU fractions (shards / shards per GPU of its node's type)
     # The signal the job declared it handles (`aigc:signal=B.USR1` at submit), from the stamp only
@@ -192,7 +194,7 @@ def plan_job(
     if ready_at is not None and now_ts < ready_at:
         return Wait(facts.job_id, f"cool-down after the previous step ({ready_at - now_ts:.0f}s left){passed}",
                     action, ready_at)
-    return _planned(verdict, facts, index, action, dry, config, skipped)
+    return _planned(verdict, facts, index, action, dry, config, now_ts, skipped)
 
 
 def _next_step(
@@ -221,12 +223,13 @@ def _cooldown_end(facts: JobFacts, mine: Iterable[PastAction], config: ReclaimCo
 
 
 def _planned(verdict: Verdict, facts: JobFacts, index: int, action: str, dry: bool, config: ReclaimConfig,
-             skipped: tuple[str, ...] = ()) -> PlannedAction:
+             now_ts: float, skipped: tuple[str, ...] = ()) -> PlannedAction:
     assert verdict.kind is not None
     gpus_after = {"shrink": verdict.gpus_used or facts.gpus, "requeue": 0, "cancel": 0}.get(action, facts.gpus)
     # Requeue/cancel free the shards too; a shrink frees whole GPUs only.
     freed = facts.gpus - gpus_after + (facts.shard_gpus if action in {"requeue", "cancel"} else 0.0)
-    recovered = freed * facts.remaining_s / 3600.0 if freed and facts.remaining_s is not None else None
+    remaining_s = None if facts.limit_end_ts is None else max(0.0, facts.limit_end_ts - now_ts)
+    recovered = freed * remaining_s / 3600.0 if freed and remaining_s is not None else None
     return PlannedAction(
         observation_key=observation_key(facts.job_id, facts.restarts, verdict.kind, index, action, dry),
         job_id=facts.job_id,

@@ -19,8 +19,15 @@ from slurm_aigc.db import JobGpuSample, open_database, transaction
 from slurm_aigc.errors import DatabaseError, SlurmCommandError
 from slurm_aigc.reclaim.actuator import Actuator
 from slurm_aigc.reclaim.config import ClassPolicy, ReclaimConfig
-from slurm_aigc.reclaim.controller import Controller, StaleSamplesError, batch_from_rows, windows_from_rows
+from slurm_aigc.reclaim.controller import (
+    Controller,
+    DerivedFacts,
+    StaleSamplesError,
+    batch_from_rows,
+    windows_from_rows,
+)
 from slurm_aigc.reclaim.detect import JobMeta, batch_from_jobs
+from slurm_aigc.reclaim.jobs import job_facts
 from slurm_aigc.reclaim.ladder import PlannedAction
 from slurm_aigc.reclaim.store import ReclaimStore, SampleRow
 from slurm_aigc.slurm import NodeInfo, SlurmCli
@@ -412,3 +419,32 @@ def test_batch_from_rows_matches_the_per_sample_path(raw: list[tuple[str, str, i
     assert (fast.metas, fast.series_node, fast.series_gpu) == (slow.metas, slow.series_node, slow.series_gpu)
     for name in ("job_offsets", "series_offsets", "ts", "util", "memory", "power", "power_limit"):
         np.testing.assert_array_equal(getattr(fast, name), getattr(slow, name), err_msg=name)
+
+
+def test_facts_and_metas_are_kept_for_unchanged_jobs_and_derived_again_for_changed_ones(db_url: str) -> None:
+    """A tick keeps a job's facts while Slurm's record of it is unchanged; a changed record (an
+    admin's opt-out stamp) is derived again, and every tick's facts equal fresh ones."""
+    fake = FakeSlurm(jobs={"7": FakeJob("7", gpus=1), "8": FakeJob("8", gpus=1, node="a100-02")})
+    add_samples(db_url, "7", 1, START + 200.0)
+    add_samples(db_url, "8", 1, START + 200.0, node="a100-02")
+    controller, clock = make(db_url, fake, START + 200.0, dry_run=True)
+    first = {v.job.job_id: v for v in controller.tick().assessment.views}
+    fake.jobs["7"].admin_comment = "aigc_class=infer aigc_reclaim=no"
+    clock.now += 10.0
+    second = {v.job.job_id: v for v in controller.tick().assessment.views}
+    for view in [*first.values(), *second.values()]:
+        assert view.facts == job_facts(view.job)
+    assert first["7"].facts.job_class == "train" and not first["7"].facts.opt_out
+    assert second["7"].facts.job_class == "infer" and second["7"].facts.opt_out
+    assert second["8"].facts is first["8"].facts and second["8"].job is first["8"].job
+
+
+def test_derived_facts_follow_new_shard_figures_and_a_job_without_start_time() -> None:
+    shard = FakeJob("9", gpus=0, shards=20).info()
+    unstarted = FakeJob("10").info(start_time=None)
+    derived = DerivedFacts()
+    assert derived.facts([shard], {"a100-01": 80})["9"].shard_gpus == 0.25
+    assert derived.facts([shard], {"a100-01": 40})["9"].shard_gpus == 0.5
+    facts = derived.facts([unstarted], {})
+    assert derived.metas([unstarted], facts, 100.0, set())["10"].start_ts == 100.0
+    assert derived.metas([unstarted], facts, 200.0, {"10"})["10"] == JobMeta("10", "train", 200.0, 1, True)

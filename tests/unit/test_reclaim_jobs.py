@@ -63,7 +63,7 @@ def test_held_after_requeuehold_on_22_05() -> None:
 
 
 def test_facts_read_class_opt_out_and_requeue() -> None:
-    facts = job_facts(job(comment="aigc:type=train", admin_comment="aigc_class=infer aigc_reclaim=no", requeue=False), 0.0)
+    facts = job_facts(job(comment="aigc:type=train", admin_comment="aigc_class=infer aigc_reclaim=no", requeue=False))
     assert (facts.job_class, facts.opt_out, facts.requeue_allowed, facts.gpus, facts.shrinkable) == ("infer", True, False, 4, True)
 
 
@@ -72,7 +72,7 @@ def test_shards_count_as_gpu_fractions_of_their_node_type() -> None:
     assert shard_gpus(shard, {"a100-01": 80, "t4-01": 16}) == 0.25
     assert shard_gpus(shard, {}) == 0.0  # unknown node type: no guess
     assert shard_gpus(job(), {"a100-01": 80}) == 0.0
-    assert job_facts(shard, 0.0, {"a100-01": 80}).shard_gpus == 0.25
+    assert job_facts(shard, {"a100-01": 80}).shard_gpus == 0.25
 
 
 def test_node_names_of_a_job_plain_or_ranged() -> None:
@@ -101,7 +101,7 @@ def test_declared_signal_comes_from_the_admin_comment_stamp_only() -> None:
     assert declared_signal(job(admin_comment="aigc_class=train; aigc_signal=B.USR1")) == ""
     assert declared_signal(job(admin_comment="aigc_signal=X.USR1")) == ""
     assert declared_signal(job(admin_comment="aigc_signal=999")) == ""
-    assert job_facts(job(admin_comment="aigc_class=train aigc_signal=B.USR1"), 0.0).declared_signal == "B:USR1"
+    assert job_facts(job(admin_comment="aigc_class=train aigc_signal=B.USR1")).declared_signal == "B:USR1"
 
 
 def test_shard_memory_limit_is_shards_times_gib_per_shard_of_the_node_type() -> None:

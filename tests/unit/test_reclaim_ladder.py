@@ -24,7 +24,7 @@ from tests.fakes.slurm import FakeJob
 NOW = 10_000.0
 CONFIG = ReclaimConfig(dry_run=False, cooldown_s=60.0, max_actions_per_job=4)
 FACTS = JobFacts("7", "aigc-alice", "aigc", "normal", "train", batch=True, requeue_allowed=True,
-                 restarts=0, num_nodes=1, gpus=4, remaining_s=7200.0)
+                 restarts=0, num_nodes=1, gpus=4, limit_end_ts=NOW + 7200.0)
 
 
 def verdict(kind: str | None, used: int | None = None) -> Verdict:
@@ -50,7 +50,7 @@ def test_ladder_notify_then_requeue_after_cooldown() -> None:
     second = plan_job(verdict("idle"), FACTS, history, CONFIG, NOW + 60.0)
     assert isinstance(second, PlannedAction)
     assert (second.action, second.observation_key, second.gpus_after) == ("requeue", "7/r0/idle/1:requeue", 0)
-    assert second.gpu_hours_recovered == 8.0
+    assert second.gpu_hours_recovered == round(4 * (7200.0 - 60.0) / 3600.0, 3)  # the time left at NOW + 60
     finished = plan_job(verdict("idle"), FACTS, history + [done(second, NOW + 60.0)], CONFIG, NOW + 600.0)
     assert isinstance(finished, Wait) and "ladder finished" in finished.reason
 
@@ -160,7 +160,7 @@ def test_tags_and_class_from_the_hooks_stamp_only() -> None:
 
 
 def test_requeue_of_a_shard_job_recovers_its_gpu_fraction() -> None:
-    shard_job = replace(FACTS, gpus=0, shard_gpus=0.25, remaining_s=3600.0)
+    shard_job = replace(FACTS, gpus=0, shard_gpus=0.25, limit_end_ts=NOW + 61 + 3600.0)
     past = ()
     first = plan_job(verdict("idle"), shard_job, past, CONFIG, NOW)
     assert isinstance(first, PlannedAction) and first.action == "notify" and first.gpu_hours_recovered is None
@@ -186,7 +186,7 @@ def test_the_signal_declaration_is_read_from_the_leading_stamp_only() -> None:
 
     def step(admin_comment: str, comment: str = "x") -> str:
         job = FakeJob("7", admin_comment=admin_comment, comment=comment).info()
-        plan = plan_job(verdict("fake_busy"), job_facts(job, NOW), (), config, NOW)
+        plan = plan_job(verdict("fake_busy"), job_facts(job), (), config, NOW)
         assert isinstance(plan, PlannedAction)
         return plan.action
 
