@@ -16,11 +16,13 @@ runs on a node it does not know.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import logging
 import math
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,6 +160,24 @@ def with_missing(verdicts: Sequence[Verdict], metas: Mapping[str, JobMeta], conf
     return found
 
 
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Run the block with CPython's cyclic garbage collector paused (reference counting still frees).
+
+    A tick over 10,000 jobs holds ~180,000 container objects (the job listing, sample rows,
+    verdicts, views) until it ends: with the collector running they set off ~260 young and two
+    full collections a tick, ~0.35 s of CPU. They are freed by reference counting when the tick
+    ends; the collector resumes after it (as it was: a caller that paused it keeps it paused).
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 class DerivedFacts:
     """`job_facts` and `job_meta` of each tick's running jobs, derived again only for a job
     whose JobInfo object is not the last tick's.
@@ -280,11 +300,12 @@ class Controller:
         """
         errors: list[Exception] = []
         self._listing = self._nodes_listed = None
-        report = self._guard(self._reclaim_tick, errors)
-        publish = self._publisher_tick
-        if publish is not None:
-            listing, nodes = self._listing, self._nodes_listed
-            self._guard(lambda: publish(listing, nodes), errors)
+        with collector_paused():
+            report = self._guard(self._reclaim_tick, errors)
+            publish = self._publisher_tick
+            if publish is not None:
+                listing, nodes = self._listing, self._nodes_listed
+                self._guard(lambda: publish(listing, nodes), errors)
         if errors:
             raise errors[0]
         assert isinstance(report, TickReport)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from datetime import datetime
 from pathlib import Path
@@ -448,3 +449,21 @@ def test_derived_facts_follow_new_shard_figures_and_a_job_without_start_time() -
     facts = derived.facts([unstarted], {})
     assert derived.metas([unstarted], facts, 100.0, set())["10"].start_ts == 100.0
     assert derived.metas([unstarted], facts, 200.0, {"10"})["10"] == JobMeta("10", "train", 200.0, 1, True)
+
+
+def test_tick_pauses_the_cyclic_collector_and_resumes_it_after_an_error(db_url: str) -> None:
+    seen: list[bool] = []
+    fake = FakeSlurm(down=True)
+    controller = Controller(SlurmCli(runner=fake), ReclaimStore(open_database(db_url)), CONFIG,
+                            publisher_tick=lambda jobs, nodes: seen.append(gc.isenabled()))
+    assert gc.isenabled()
+    with pytest.raises(SlurmCommandError):
+        controller.tick()
+    assert seen == [False] and gc.isenabled()
+    gc.disable()
+    try:
+        with pytest.raises(SlurmCommandError):
+            controller.tick()
+        assert not gc.isenabled()  # paused by the caller: left paused
+    finally:
+        gc.enable()
