@@ -288,6 +288,10 @@ class SlurmCli:
         entry = next((e for e in self._job_records(wanted) if str(slurmjson.number(e.get("job_id"))) == wanted), None)
         return job_from_json(entry) if entry is not None else None
 
+    def job_read_lists_all(self) -> bool:
+        """True when `job()` reads a listing of every job (22.05: its `squeue --json` ignores `-j`)."""
+        return not self._json_scontrol()
+
     def job_state(self, job_id: str) -> str | None:
         """`squeue -h -t all -j ID -o %A|%T`: the job's state word, None once it is forgotten.
 

@@ -6,6 +6,9 @@ repeats the action: the intent's observation key stays taken, and `reconcile` as
 what happened (restart count, state, admin comment) and records it without redoing
 anything. Right before acting, the job is read again: a job that ended, restarted or
 became exempt since the tick read it is skipped, and the skip recorded with its reason.
+On Slurm 23.02+ that is one single-job read per action; 22.05 has none (its `squeue --json`
+lists every job, ~0.1 s over 10,000 jobs), so there the actions of a batch share one listing
+taken right before the first of them, listed again once it is RECHECK_LISTING_MAX_AGE_S old.
 Requeues use `scontrol requeue[hold] Incomplete`, so a job that ends in the instant
 between that re-read and the requeue is not run again either.
 
@@ -120,6 +123,11 @@ def notify_command(template: Sequence[str], plan: PlannedAction) -> list[str]:
 class Actuator:
     """Applies `PlannedAction`s; see the module docstring."""
 
+    # How long the re-checks of a batch may share one listing of every job (Slurm 22.05 only):
+    # notifications take ~0.05 s each, so a batch of them lists once; a slow action (a shrink
+    # waiting for PENDING, a slow notify command) makes the next re-check list again.
+    RECHECK_LISTING_MAX_AGE_S = 1.0
+
     def __init__(
         self,
         slurm: SlurmCli,
@@ -141,9 +149,21 @@ class Actuator:
         # Test hook, called after the intent is recorded and the job re-read, right before acting.
         self._after_intent = after_intent
         self._pending_wait_s = pending_wait_s
+        self._recheck_listing: tuple[float, dict[str, JobInfo]] | None = None  # (when listed, jobs by id)
+
+    def apply_batch(self, batch: Sequence[tuple[PlannedAction, JobInfo]]) -> list[ActionResult]:
+        """`apply` each (plan, job the tick decided on), in order; their re-checks may share a listing."""
+        self._recheck_listing = None
+        try:
+            return [self._apply(plan, job) for plan, job in batch]
+        finally:
+            self._recheck_listing = None
 
     def apply(self, plan: PlannedAction, job: JobInfo) -> ActionResult:
         """Record the intent, re-read the job, run the action (unless dry-run or stale), record the outcome."""
+        return self.apply_batch([(plan, job)])[0]
+
+    def _apply(self, plan: PlannedAction, job: JobInfo) -> ActionResult:
         commands = self._commands(plan, job)
         intent: dict[str, Any] = {"restarts_before": job.restarts, "state_before": job.state,
                                   "commands": list(commands), "message": plan.message}
@@ -168,7 +188,7 @@ class Actuator:
             return ActionResult(plan.observation_key, plan.job_id, plan.action, state, plan.dry_run, commands, detail)
 
         try:
-            current = self._slurm.job(plan.job_id)
+            current = self._reread(plan.job_id)
         except SlurmCommandError as error:
             return outcome("failed", (), {"error": f"could not re-read the job before acting: {error}; not acted"})
         why_not = recheck(plan, current, self.config)
@@ -185,6 +205,17 @@ class Actuator:
         except SlurmCommandError as error:
             return outcome("failed", commands, {"error": str(error)})
         return outcome(_state_of(detail), commands, detail)
+
+    def _reread(self, job_id: str) -> JobInfo | None:
+        """The job as Slurm shows it now: a single-job read (23.02+), else (22.05) from a listing
+        taken in this batch at most RECHECK_LISTING_MAX_AGE_S ago."""
+        if not self._slurm.job_read_lists_all():
+            return self._slurm.job(job_id)
+        now = self._clock()
+        listed = self._recheck_listing
+        if listed is None or not 0.0 <= now - listed[0] <= self.RECHECK_LISTING_MAX_AGE_S:
+            listed = self._recheck_listing = (now, {job.job_id: job for job in self._slurm.jobs()})
+        return listed[1].get(job_id)
 
     def _commands(self, plan: PlannedAction, job: JobInfo) -> tuple[str, ...]:
         return tuple(quote_argv(argv) for argv in planned_commands(plan, job, self.config))

@@ -447,7 +447,7 @@ class Controller:
         plans = [v.plan for v in assessment.views if isinstance(v.plan, PlannedAction)]
         kept, capped = limit_per_tick(plans, self.config.max_actions_per_tick)
         jobs = {v.job.job_id: v.job for v in assessment.views}
-        results = tuple(self._actuator.apply(plan, jobs[plan.job_id]) for plan in kept)
+        results = tuple(self._actuator.apply_batch([(plan, jobs[plan.job_id]) for plan in kept]))
         for wait in capped:
             LOG.info("job %s: %s", wait.job_id, wait.reason)
         return TickReport(assessment, reconciled, results, tuple(capped))

@@ -353,3 +353,25 @@ def test_a_skip_keeps_the_planned_commands_in_the_record(store: ReclaimStore) ->
     fake.jobs["7"].state = "COMPLETED"
     actuator.apply(plan("requeue"), decided_on)
     assert store.audit()[0].detail["commands"] == ["scontrol requeue Incomplete 7"]
+
+
+@pytest.mark.parametrize("version", ["22.05.8", "24.11.5"])
+def test_a_batch_rechecks_from_one_listing_while_it_is_fresh_on_22_05_and_reads_each_job_on_24_11(
+        store: ReclaimStore, version: str) -> None:
+    fake = FakeSlurm(jobs={j: FakeJob(j, gpus=4) for j in ("7", "8", "9")}, version=version)
+    clock = Clock()
+
+    def slow_action(_: PlannedAction) -> None:  # each action takes 0.6 s: the third re-check lists again
+        clock.now += 0.6
+
+    actuator = Actuator(SlurmCli(runner=fake), store, CONFIG, clock=clock, after_intent=slow_action,
+                        command_runner=lambda argv, timeout_s, stdin=None: CommandResult(tuple(argv), 0, "", ""))
+    decided_on = {j.job_id: j for j in SlurmCli(runner=fake).jobs()}
+    fake.calls.clear()
+    results = actuator.apply_batch([(plan("notify", job_id=j, step=0), decided_on[j]) for j in ("7", "8", "9")])
+    assert [r.state for r in results] == ["done", "done", "done"]
+    reads = [c for c in fake.calls if c[0] == "squeue" or c[1:4] == ["-d", "--json", "show"]]
+    if version == "22.05.8":
+        assert reads == [["squeue", "--json"]] * 2
+    else:
+        assert reads == [["scontrol", "-d", "--json", "show", "job", j] for j in ("7", "8", "9")]

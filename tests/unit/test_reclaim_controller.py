@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from slurm_aigc.reclaim.detect import JobMeta, batch_from_jobs
 from slurm_aigc.reclaim.jobs import job_facts
 from slurm_aigc.reclaim.ladder import PlannedAction
 from slurm_aigc.reclaim.store import ReclaimStore, SampleRow
-from slurm_aigc.slurm import NodeInfo, SlurmCli
+from slurm_aigc.slurm import CommandResult, NodeInfo, SlurmCli
 from tests.fakes.slurm import FakeJob, FakeNode, FakeSlurm
 
 START = datetime.fromisoformat("2026-01-01T00:00:00").timestamp()
@@ -467,3 +468,28 @@ def test_tick_pauses_the_cyclic_collector_and_resumes_it_after_an_error(db_url: 
         assert not gc.isenabled()  # paused by the caller: left paused
     finally:
         gc.enable()
+
+
+def test_22_05_actions_share_one_recheck_listing_taken_after_the_ticks_and_skip_a_job_ended_since(db_url: str) -> None:
+    """22.05 reads one job by listing every job: a tick's actions are re-checked against one listing
+    taken right before them (not the tick's own, nor one per action); a job that ended after the
+    tick's listing is not acted on."""
+    fake = FakeSlurm(jobs={j: FakeJob(j, gpus=1, node=f"a100-0{j}") for j in ("7", "8", "9")}, version="22.05.8")
+    for job_id in fake.jobs:
+        add_samples(db_url, job_id, 1, START + 200.0, node=f"a100-0{job_id}")
+    listings: list[int] = []
+
+    def runner(argv: Sequence[str], timeout_s: float, stdin: str | None = None) -> CommandResult:
+        answer = fake(argv, timeout_s, stdin)
+        if list(argv) == ["squeue", "--json"]:
+            listings.append(len(fake.calls))
+            fake.jobs["8"].state = "COMPLETED"  # ends right after the tick's listing
+        return answer
+
+    controller = Controller(SlurmCli(runner=runner), ReclaimStore(open_database(db_url)), CONFIG, clock=Clock(START + 200.0))
+    results = {r.job_id: r for r in controller.tick().results}
+    assert {job_id: (r.action, r.state) for job_id, r in results.items()} == {
+        "7": ("notify", "done"), "8": ("notify", "skipped"), "9": ("notify", "done")}
+    assert results["8"].detail["skipped"] == "job is COMPLETED now, no longer RUNNING"
+    assert not any("JobId=8" in call for call in fake.mutations()) and "aigc-reclaim" not in fake.jobs["8"].admin_comment
+    assert len(listings) == 2  # the tick's and one re-check listing for its three actions
