@@ -97,6 +97,7 @@ def backlog_rows(stock: BacklogFigures, aigc: BacklogFigures) -> list[Row]:
         both("sharing-caused timeouts", str, aigc.shared_timeouts, stock.shared_timeouts, with_ratio=False),
         both("jobs harmed", str, aigc.jobs_harmed, stock.jobs_harmed, with_ratio=False),
         both("jobs requeued", str, aigc.jobs_requeued, stock.jobs_requeued, with_ratio=False),
+        both("jobs out of GPU memory, resubmitted", str, aigc.jobs_retried, stock.jobs_retried, with_ratio=False),
         both("GPU-hours reclaimed", lambda v: f"{v:.3f}", aigc.gpu_hours_reclaimed, stock.gpu_hours_reclaimed, with_ratio=False),
     ]
     stock_waits = {w.job_class: w for w in stock.waits}

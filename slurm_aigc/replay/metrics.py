@@ -61,6 +61,9 @@ class JobOutcome:
     hangs: bool = False
     shared: bool = False
     last_start_ts: float | None = None
+    # Resubmitted after its first attempt FAILED (out of GPU memory); that attempt was on shards.
+    retried: bool = False
+    failed_shared: bool = False
 
 
 @dataclass(frozen=True)
@@ -299,6 +302,7 @@ class BacklogFigures:
     jobs_requeued: int
     gpu_hours_reclaimed: float
     stream_exhausted: bool
+    jobs_retried: int = 0  # resubmitted after running out of GPU memory (see runner.merge_retry)
     # Which jobs the misses were (`job id STATE`), so a report can say what happened to each.
     harmed_jobs: tuple[str, ...] = ()
     sharing_timeout_jobs: tuple[str, ...] = ()
@@ -343,6 +347,7 @@ def backlog_figures(
         jobs_harmed=sum(1 for o in outcomes if harmed_by(o, end)),
         jobs_requeued=sum(1 for o in outcomes if o.requeues > 0),
         gpu_hours_reclaimed=gpu_hours_reclaimed, stream_exhausted=stream_exhausted,
+        jobs_retried=sum(1 for o in outcomes if o.retried),
         harmed_jobs=tuple(f"{o.job_id} {_state(o) or 'no record'}" for o in outcomes if harmed_by(o, end)),
         sharing_timeout_jobs=tuple(o.job_id for o in outcomes if is_sharing_timeout(o, end)),
     )
@@ -404,12 +409,13 @@ RUNNER_CANCEL_SLACK_S = 1.0
 
 
 def harmed_by(outcome: JobOutcome, end_ts: float) -> bool:
-    """Requeued, then ended in a failure state within the window, or lost (no record at all).
+    """Requeued, then ended in a failure state within the window, lost (no record at all), or
+    failed once while sharing a GPU (a neighbour took the memory it needed).
 
     A job cancelled at the window's end is the runner's doing, not harm.
     """
     state = _state(outcome)
-    if state in {"LOST", "REFUSED"} or not outcome.state:
+    if state in {"LOST", "REFUSED"} or not outcome.state or outcome.failed_shared:
         return True
     if outcome.end_ts is None or outcome.requeues == 0 or state not in FAILED_STATES:
         return False

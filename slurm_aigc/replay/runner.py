@@ -7,6 +7,11 @@ sacct and the samples database. In backlogged mode (`RunSettings.backlog`) it in
 that many jobs of the stream pending for `duration_s`, then cancels what is left. Agents run in both modes (observing only in stock mode),
 so both runs' utilization is measured the same way.
 
+A job that FAILED (in the simulator: a CUDA out-of-memory, the job larger than its GPU or than
+what its neighbours left) is resubmitted once, as its user would after reading the error,
+asking for the cluster's largest GPU type (`retry_args`); the two attempts are one job in the
+figures (`merge_retry`): its wait runs from the first submit to the retry's start.
+
 The cluster is a `ReplayCluster` handed in by the CLI (the local dev cluster satisfies it),
 and what the daemons recorded is read through the telemetry and reclaim stores.
 """
@@ -48,6 +53,8 @@ SLURM_AIGC_BIN = str(Path(sys.executable).with_name("slurm-aigc"))
 class ClusterGpuModel(Protocol):
     @property
     def gres_type(self) -> str: ...
+    @property
+    def memory_gib(self) -> int: ...
 
 
 class ClusterNode(Protocol):
@@ -170,6 +177,29 @@ def nominal_work_gpu_s(job: WorkloadJob) -> float:
     return job.effective_gpus_used * sum(p.seconds for p in phases if p.kind == "busy")
 
 
+def largest_gpu_type(shape: ClusterShape) -> str | None:
+    """The GPU type with the most memory (a user whose job ran out of GPU memory asks for it)."""
+    models = [node.gpu for node in shape.nodes]
+    return max(models, key=lambda m: (m.memory_gib, m.gres_type)).gres_type if models else None
+
+
+def retry_args(job: WorkloadJob, gpu_type: str | None) -> list[str]:
+    """`sbatch_args` of a resubmission after an out-of-memory failure: the same job on `gpu_type`."""
+    typed = f"--gres=gpu:{gpu_type}:{job.gpus}" if gpu_type else f"--gres=gpu:{job.gpus}"
+    return [typed if arg.startswith("--gres=") else arg for arg in sbatch_args(job)]
+
+
+def merge_retry(first: JobOutcome, retry: JobOutcome) -> JobOutcome:
+    """One outcome for a job and its resubmission: the retry's run, waited for since the first submit.
+
+    Both attempts' GPU time counts as allocated. A first attempt that failed on shards of a
+    shared GPU is marked: a neighbour took the memory, so sharing harmed the job.
+    """
+    allocated = (first.allocated_gpu_s or 0.0) + (retry.allocated_gpu_s or 0.0)
+    return replace(retry, job_id=first.job_id, submit_ts=first.submit_ts, allocated_gpu_s=allocated,
+                   requeues=first.requeues + retry.requeues, retried=True, failed_shared=first.shared)
+
+
 def user_for(job: WorkloadJob, index: int, users: Sequence[str]) -> str:
     """The workload's user when it is one of ours, else spread over the test users."""
     return job.user if job.user in users else users[index % len(users)]
@@ -233,6 +263,19 @@ def outcomes_from_records(records: Sequence[JobRecord], classes: dict[str, str],
     return [with_workload(o, (jobs or {}).get(o.job_id)) for o in outcomes]
 
 
+def merge_retries(outcomes: Sequence[JobOutcome], retries: Mapping[str, str]) -> list[JobOutcome]:
+    """`outcomes` with each resubmission merged into its first attempt (`merge_retry`), in the first's place."""
+    by_id = {o.job_id: o for o in outcomes}
+    retry_ids = set(retries.values())
+    merged = []
+    for outcome in outcomes:
+        if outcome.job_id in retry_ids:
+            continue
+        retry = by_id.get(retries.get(outcome.job_id, ""))
+        merged.append(merge_retry(outcome, retry) if retry is not None else outcome)
+    return merged
+
+
 def with_workload(outcome: JobOutcome, job: WorkloadJob | None) -> JobOutcome:
     if job is None:
         return outcome
@@ -276,6 +319,8 @@ class ReplayRun:
         self.daemons: list[subprocess.Popen[bytes]] = []
         self.job_ids: dict[str, str] = {}
         self.refused: dict[str, float] = {}  # job name -> when sbatch refused it
+        self.retries: dict[str, str] = {}  # id of a job that FAILED -> id of its resubmission
+        self.users_by_name: dict[str, str] = {}
         self.stream_exhausted = False
         self.scaled_policy: dict[str, Any] = {}
         self.job_command = cluster.job_command()
@@ -373,12 +418,37 @@ class ReplayRun:
                 next_report = time.time() + self.settings.progress_every_s
 
     def _submit(self, index: int, job: WorkloadJob) -> None:
+        user = self.users_by_name[job.name] = user_for(job, index, self.settings.users)
         try:
-            self.job_ids[job.name] = self.slurm.submit(sbatch_args(job), job_script(job, self.job_command),
-                                                      user=user_for(job, index, self.settings.users))
+            self.job_ids[job.name] = self.slurm.submit(sbatch_args(job), job_script(job, self.job_command), user=user)
         except SlurmCommandError as error:  # a refused job is a result (counted as lost), not a crash
             self.refused[job.name] = time.time()
             self.progress(f"{self.settings.mode}: {job.name} refused by sbatch: {error.stderr.strip().splitlines()[-1:]}")
+
+    def _ours(self) -> set[str]:
+        return {*self.job_ids.values(), *self.retries.values()}
+
+    def _retry_failed(self, listing: Iterable[ListedJob]) -> list[str]:
+        """Resubmit each first attempt that FAILED since the last look; the new job ids."""
+        names = {job_id: name for name, job_id in self.job_ids.items()}
+        by_name = {job.name: job for job in self.workload.jobs}
+        new = []
+        for listed in listing:
+            name = names.get(listed.job_id)
+            if name is None or listed.job_id in self.retries or listed.state.split()[0] != "FAILED":
+                continue
+            job = by_name[name]
+            try:
+                gpu_type = largest_gpu_type(self.cluster.shape())
+                retry = self.slurm.submit(retry_args(job, gpu_type), job_script(job, self.job_command),
+                                          user=self.users_by_name[name])
+            except SlurmCommandError as error:
+                self.progress(f"{self.settings.mode}: resubmitting {name} refused: {error.stderr.strip().splitlines()[-1:]}")
+                retry = ""
+            self.retries[listed.job_id] = retry
+            if retry:
+                new.append(retry)
+        return new
 
     def _submit_backlogged(self, backlog: Backlog) -> bool:
         """Submit the stream in order, topping the pending jobs up to the backlog once per tick (one
@@ -387,8 +457,9 @@ class ReplayRun:
         position = 0
         next_report = backlog.start_ts
         while not backlog.over(now := time.time()):
-            ours = set(self.job_ids.values())
-            pending = pending_count(self.slurm.jobs(), ours) if ours else 0
+            listing = self.slurm.jobs() if self.job_ids else []
+            self._retry_failed(listing)
+            pending = pending_count(listing, self._ours())
             for _ in range(backlog.to_submit(now, pending, len(jobs) - position)):
                 self._submit(position, jobs[position])
                 position += 1
@@ -405,7 +476,9 @@ class ReplayRun:
         deadline = started + self.settings.timeout_s
         pending_ids = set(self.job_ids.values())
         while pending_ids and time.time() < deadline:
-            live = {job.job_id: job for job in self.slurm.jobs() if job.job_id in pending_ids}
+            listing = self.slurm.jobs()
+            pending_ids.update(self._retry_failed(listing))
+            live = {job.job_id: job for job in listing if job.job_id in pending_ids}
             pending_ids = {job_id for job_id, job in live.items() if job.state.split()[0] not in END_STATES}
             running = sum(1 for job in live.values() if job.state.startswith("RUNNING"))
             self.progress(f"{self.settings.mode}: t={time.time() - started:5.0f}s  "
@@ -430,11 +503,14 @@ class ReplayRun:
 
     def _collect(self, started: float) -> RunRecord:
         ids = tuple(self.job_ids.values())
-        records, skipped = self._sacct(ids, started) if ids else ([], [])
+        retries = {first: retry for first, retry in self.retries.items() if retry}
+        records, skipped = self._sacct((*ids, *retries.values()), started) if ids else ([], [])
         classes = {job_id: job.job_class for job in self.workload.jobs if (job_id := self.job_ids.get(job.name))}
         shards = {n.gpu.gres_type: n.shards_per_gpu for n in self.cluster.shape().nodes}
         by_id = {job_id: job for job in self.workload.jobs if (job_id := self.job_ids.get(job.name))}
-        outcomes = outcomes_from_records(records, classes, shards, by_id)
+        by_id.update({retry: by_id[first] for first, retry in retries.items() if first in by_id})
+        classes.update({retry: classes[first] for first, retry in retries.items() if first in classes})
+        outcomes = merge_retries(outcomes_from_records(records, classes, shards, by_id), retries)
         # A job sacct never heard of was lost by the scheduler (or refused): count it.
         seen = {o.job_id for o in outcomes}
         for job_id in ids:

@@ -12,13 +12,17 @@ import pytest
 
 from slurm_aigc.profiles import Phase
 from slurm_aigc.replay import runner
+from slurm_aigc.replay.metrics import backlog_figures, censored_wait_s, harmed_by
 from slurm_aigc.replay.runner import (
     Backlog,
     RunSettings,
     job_script,
+    largest_gpu_type,
+    merge_retries,
     nominal_work_gpu_s,
     outcomes_from_records,
     pending_count,
+    retry_args,
     sbatch_args,
     user_for,
 )
@@ -123,6 +127,36 @@ def test_requeued_job_is_one_outcome_with_both_runs_allocated() -> None:
     assert eight.allocated_gpu_s == 0.25 * 40
 
 
+def test_a_job_that_ran_out_of_memory_is_resubmitted_on_the_largest_gpu_type() -> None:
+    shape = SimpleNamespace(nodes=[SimpleNamespace(gpu=SimpleNamespace(gres_type=t, memory_gib=m)) for t, m in
+                                   (("t4", 16), ("a100", 80), ("t4", 16), ("l40s", 48))])
+    assert largest_gpu_type(shape) == "a100"
+    assert largest_gpu_type(SimpleNamespace(nodes=[])) is None
+    first, again = sbatch_args(job(gpus=2)), retry_args(job(gpus=2), "a100")
+    assert "--gres=gpu:2" in first and "--gres=gpu:a100:2" in again
+    assert [a for a in again if not a.startswith("--gres=")] == [a for a in first if not a.startswith("--gres=")]
+
+
+def test_a_retry_is_one_outcome_waited_for_since_the_first_submit() -> None:
+    text = sacct_text([
+        record("7", "FAILED", "2026-01-01T00:00:00", "2026-01-01T00:00:10", "2026-01-01T00:00:12", "gres/gpu=1", node="t4-01"),
+        record("9", "COMPLETED", "2026-01-01T00:00:13", "2026-01-01T00:01:00", "2026-01-01T00:02:00", "gres/gpu=1"),
+        record("8", "FAILED", "2026-01-01T00:00:00", "2026-01-01T00:00:01", "2026-01-01T00:00:02", "gres/shard=8", node="t4-02"),
+        record("10", "COMPLETED", "2026-01-01T00:00:03", "2026-01-01T00:00:04", "2026-01-01T00:00:30", "gres/gpu=1"),
+    ])
+    rows = [r for r in parse_sacct_output(text_to_json(text)) if isinstance(r, JobRecord)]
+    outcomes = merge_retries(outcomes_from_records(rows, {}, {"a100": 80, "t4": 16}), {"7": "9", "8": "10"})
+    assert [o.job_id for o in outcomes] == ["7", "8"]
+    seven, eight = outcomes
+    assert seven.retried and seven.state == "COMPLETED" and seven.allocated_gpu_s == 2 + 60
+    end = seven.submit_ts + 600
+    assert censored_wait_s(seven, end) == 60  # from the first submit to the retry's start
+    assert not harmed_by(seven, end)
+    assert eight.failed_shared and harmed_by(eight, end)  # a neighbour on its shared GPU took the memory
+    figures = backlog_figures(outcomes, [], 8, seven.submit_ts, 600, 4)
+    assert figures.jobs_retried == 2 and figures.completed == 2 and figures.jobs_harmed == 1
+
+
 def test_run_figures_are_read_through_the_stores(tmp_path: Path) -> None:
     """The samples and reclaimed GPU-hours a run reports, from the stores' queries."""
     from slurm_aigc.db import ActionRecord, GpuSample, open_database, transaction
@@ -193,7 +227,9 @@ class FakeSlurm:
         self.clock = clock
         self.listings = 0
         self.submitted: list[tuple[float, str]] = []
+        self.args: list[list[str]] = []
         self.running: set[str] = set()
+        self.failing: set[str] = set()  # job names whose first attempt fails at its start
 
     def jobs(self) -> list[Listed]:
         self.listings += 1
@@ -201,10 +237,18 @@ class FakeSlurm:
         pending = [str(i + 1) for i in range(len(self.submitted)) if str(i + 1) not in self.running]
         if pending:
             self.running.add(pending[0])
-        return [Listed(str(i + 1), "RUNNING" if str(i + 1) in self.running else "PENDING") for i in range(len(self.submitted))]
+        return [Listed(str(i + 1), self._state(i)) for i in range(len(self.submitted))]
+
+    def _state(self, index: int) -> str:
+        if str(index + 1) not in self.running:
+            return "PENDING"
+        name = self.submitted[index][1]
+        first = next(i for i, (_, n) in enumerate(self.submitted) if n == name) == index
+        return "FAILED" if first and name in self.failing else "RUNNING"
 
     def submit(self, args: list[str], script: str, *, user: str | None = None) -> str:
         self.submitted.append((self.clock[0], next(a for a in args if a.startswith("--job-name="))))
+        self.args.append(args)
         return str(len(self.submitted))
 
 
@@ -228,3 +272,25 @@ def test_the_backlogged_loop_keeps_k_pending_with_one_listing_a_tick(monkeypatch
     short = Workload(tuple(job(name=f"k{i}") for i in range(2)))
     assert runner.ReplayRun(short, settings, SimpleNamespace(slurm=FakeSlurm(clock), job_command=lambda: ["x"]),
                             lambda message: None)._submit_backlogged(Backlog(3, 10.0, clock[0]))
+
+
+def test_the_backlogged_loop_resubmits_a_failed_job_once_and_counts_it_pending(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr(runner, "time", SimpleNamespace(time=lambda: clock[0], sleep=lambda s: clock.__setitem__(0, clock[0] + s)))
+    slurm = FakeSlurm(clock)
+    slurm.failing = {"--job-name=j00"}
+    shape = SimpleNamespace(nodes=[SimpleNamespace(gpu=SimpleNamespace(gres_type="a100", memory_gib=80))])
+    cluster = SimpleNamespace(slurm=slurm, job_command=lambda: ["slurm-aigc"], shape=lambda: shape)
+    settings = RunSettings(mode="stock", policy=tmp_path / "p.yaml", out_dir=tmp_path, users=("u",), passthrough_hook="",
+                           backlog=1, duration_s=6.0)
+    run = runner.ReplayRun(Workload(tuple(job(name=f"j{i:02d}", gpus=2) for i in range(30))), settings, cluster,
+                           lambda message: None)
+    run._submit_backlogged(Backlog(1, 6.0, 1000.0))
+    names = [name for _, name in slurm.submitted]
+    assert names.count("--job-name=j00") == 2  # the first attempt FAILED: resubmitted once, never again
+    retry = [args for args in slurm.args if "--job-name=j00" in args][1]
+    assert "--gres=gpu:a100:2" in retry
+    assert run.retries == {"1": str(names.index("--job-name=j00", 1) + 1)}
+    # the resubmission is pending work of ours: the stream waited for it before its next job
+    assert names[:3] == ["--job-name=j00", "--job-name=j00", "--job-name=j01"]
