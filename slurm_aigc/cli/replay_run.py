@@ -54,7 +54,7 @@ def compression_lines(workload: Workload, policy: Path | None, replay_s: float |
 
 
 def local_run_settings(policy: Path | None, out_dir: Path, timeout_s: float = 1800.0, mode: str = MODES[0],
-                       backlog: int | None = None, duration_s: float | None = None) -> RunSettings:
+                       backlog: int | None = None, duration_s: float | None = None, db: str | None = None) -> RunSettings:
     """Run settings for the local cluster: its test users submit, its no-op hook is stock mode's."""
     if backlog is not None and not duration_s:
         raise click.UsageError("--backlog needs --duration-s (how long to keep the backlog)")
@@ -62,7 +62,7 @@ def local_run_settings(policy: Path | None, out_dir: Path, timeout_s: float = 18
         raise click.BadParameter("must be > 0", param_hint="--duration-s")
     return RunSettings(mode=mode, policy=policy or default_policy(), out_dir=out_dir, users=TEST_USERS,
                        passthrough_hook=NOOP_HOOK_LUA, timeout_s=timeout_s, backlog=backlog or 0,
-                       duration_s=(duration_s or 0.0) if backlog else 0.0)
+                       duration_s=(duration_s or 0.0) if backlog else 0.0, db=db)
 
 
 def useful_rule(policy: Path | None) -> UsefulRule:
@@ -80,10 +80,13 @@ def useful_rule(policy: Path | None) -> UsefulRule:
 @click.option("--timeout", "timeout_s", type=float, default=1800.0, show_default=True, help="Give up waiting after this many seconds.")
 @backlog_option
 @click.option("--duration-s", type=float, default=None, help="With --backlog: how long to keep the backlog.")
+@click.option("--db", "db", default=None, metavar="URL|FILE",
+              help="Daemons' database, kept as it is (e.g. an earlier run's, for a warm learned table); "
+                   "default: a fresh one per run.")
 def run_workload_command(workload_path: Path, mode: str, policy: Path | None, out_dir: Path, timeout_s: float,
-                         backlog: int | None = None, duration_s: float | None = None) -> None:
+                         backlog: int | None = None, duration_s: float | None = None, db: str | None = None) -> None:
     """Run one workload file on the running local cluster and print its figures."""
-    settings = local_run_settings(policy, out_dir, timeout_s, backlog=backlog, duration_s=duration_s)
+    settings = local_run_settings(policy, out_dir, timeout_s, backlog=backlog, duration_s=duration_s, db=db)
     workload = read_workload(workload_path)
     for line in compression_lines(workload, policy, duration_s if backlog else None):
         click.echo(line, err=True)

@@ -105,6 +105,9 @@ class RunSettings:
     backlog: int = 0  # > 0: backlogged mode, keep this many jobs pending for `duration_s`
     duration_s: float = 0.0
     backlog_tick_s: float = 1.0
+    # The daemons' database (URL or URL file), kept as it is: a run on top of an earlier run's
+    # history (a warm learned table). None: a fresh, empty database for each run.
+    db: str | None = None
 
 
 @dataclass(frozen=True)
@@ -327,7 +330,10 @@ class ReplayRun:
 
     def _fresh_database(self) -> str:
         """This run's own empty database: on the cluster's MariaDB when it has one (the multi-host
-        path; `LocalCluster.scratch_database` returns a URL file's path), else a SQLite file."""
+        path; `LocalCluster.scratch_database` returns a URL file's path), else a SQLite file;
+        `settings.db` when given, not emptied."""
+        if self.settings.db:
+            return self.settings.db
         scratch = getattr(self.cluster, "scratch_database", None)  # not in ReplayCluster: fakes have none
         if callable(scratch):
             try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -294,3 +294,14 @@ def test_the_backlogged_loop_resubmits_a_failed_job_once_and_counts_it_pending(
     assert run.retries == {"1": str(names.index("--job-name=j00", 1) + 1)}
     # the resubmission is pending work of ours: the stream waited for it before its next job
     assert names[:3] == ["--job-name=j00", "--job-name=j00", "--job-name=j01"]
+
+
+def test_a_given_database_is_used_as_it_is_not_a_fresh_one(tmp_path: Path) -> None:
+    made: list[str] = []
+    cluster = SimpleNamespace(slurm=None, job_command=lambda: ["x"], scratch_database=lambda name: made.append(name) or "scratch")
+    settings = RunSettings(mode="aigc", policy=tmp_path / "p.yaml", out_dir=tmp_path, users=("u",), passthrough_hook="")
+    assert runner.ReplayRun(Workload(()), settings, cluster, print)._fresh_database() == "scratch"
+    assert made == ["replay_aigc"]
+    kept = replace(settings, db="/etc/slurm-aigc/db/warm.url")
+    assert runner.ReplayRun(Workload(()), kept, cluster, print)._fresh_database() == "/etc/slurm-aigc/db/warm.url"
+    assert made == ["replay_aigc"]  # nothing recreated
