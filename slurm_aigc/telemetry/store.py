@@ -113,13 +113,15 @@ class TelemetryStore:
 
     def record_publication(self, publication: Publication) -> None:
         """Append one row to `node_publications`."""
+        self.record_publications([publication])
+
+    def record_publications(self, publications: Sequence[Publication]) -> None:
+        """Append rows to `node_publications` in one transaction (a dry-run cycle's, at once)."""
         with transaction(self._factory) as session:
-            session.add(NodePublication(
-                ts=publication.ts, node=publication.node,
-                features_before=_join(publication.features_before), features_after=_join(publication.features_after),
-                weight_before=publication.weight_before, weight_after=publication.weight_after,
-                reason=publication.reason, dry_run=publication.dry_run,
-            ))
+            session.add_all([NodePublication(
+                ts=p.ts, node=p.node, features_before=_join(p.features_before), features_after=_join(p.features_after),
+                weight_before=p.weight_before, weight_after=p.weight_after, reason=p.reason, dry_run=p.dry_run,
+            ) for p in publications])
 
     def publications(self, node: str | None = None) -> list[Publication]:
         """Every recorded change, oldest first (of one node when given)."""

@@ -4,6 +4,7 @@ against a fake Slurm (with `scontrol reconfigure` forgetting updates) and a SQLi
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -35,7 +36,7 @@ from slurm_aigc.telemetry.publisher import (
     plan_cycle,
 )
 from slurm_aigc.telemetry.records import GpuReading, NodeReading
-from slurm_aigc.telemetry.store import TelemetryStore
+from slurm_aigc.telemetry.store import Publication, TelemetryStore
 from tests.fakes.slurm import FakeJob, FakeNode, FakeSlurm
 
 SHARDS_IDLE = "shard:a100:0(IDX:N/A)"
@@ -429,3 +430,20 @@ def store_features(url: str, node: str) -> tuple[str, ...]:
     """The features the (dry-run) publisher recorded for `node` last."""
     records = TelemetryStore(open_database(url)).publications(node)
     return records[-1].features_after or () if records else ()
+
+
+def test_a_dry_run_cycle_records_its_changes_in_one_transaction(tmp_path: Path) -> None:
+    class CountingStore(TelemetryStore):
+        calls: list[int] = []
+
+        def record_publications(self, publications: Sequence[Publication]) -> None:
+            self.calls.append(len(publications))
+            super().record_publications(publications)
+
+    store = CountingStore(open_database(f"sqlite:///{tmp_path / 'state.db'}"))
+    slurm = FakeSlurm([FakeNode(f"a100-0{i}", features=["a100", "nvlink8"]) for i in range(1, 4)])
+    publisher = Publisher(SlurmCli(runner=slurm), store, ScoringConfig(), dry_run=True)
+    plans = publisher.tick()
+    assert publisher.tick() == [] and store.calls == [3]  # nothing changed in the second cycle: no transaction
+    assert [(r.node, r.features_after, r.weight_after, r.dry_run) for r in store.publications()] == [
+        (p.node, p.features_after, p.weight_after, True) for p in plans]
