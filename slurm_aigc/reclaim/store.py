@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from slurm_aigc.db import ActionRecord, JobGpuSample, transaction
@@ -142,6 +142,15 @@ class ReclaimStore:
         """Ids of the `job_gpu_samples` rows (every job) in (after_id, upto_id] since `since_ts`."""
         query = select(JobGpuSample.id).where(JobGpuSample.id > after_id, JobGpuSample.id <= upto_id,
                                               JobGpuSample.ts >= since_ts)
+        with transaction(self._factory) as session:
+            return set(session.connection().execute(query).scalars().all())
+
+    def sample_ids_in(self, ranges: Sequence[tuple[int, int]], since_ts: float) -> set[int]:
+        """Ids of the `job_gpu_samples` rows (every job) in any of the closed id `ranges` since `since_ts`."""
+        if not ranges:
+            return set()
+        query = select(JobGpuSample.id).where(JobGpuSample.ts >= since_ts,
+                                              or_(*(JobGpuSample.id.between(low, high) for low, high in ranges)))
         with transaction(self._factory) as session:
             return set(session.connection().execute(query).scalars().all())
 

@@ -26,6 +26,7 @@ from slurm_aigc.reclaim.controller import (
     DerivedFacts,
     StaleSamplesError,
     batch_from_rows,
+    id_gaps,
     windows_from_rows,
 )
 from slurm_aigc.reclaim.detect import JobMeta, batch_from_jobs
@@ -277,8 +278,9 @@ class CountingStore(ReclaimStore):
         return rows
 
 
+@pytest.mark.parametrize("max_gaps", [Controller.MAX_ID_GAPS, 0])  # the gaps' ids, or every id back to ID_OVERLAP
 def test_a_row_committed_after_a_newer_one_was_read_is_still_judged_and_read_rows_are_not_read_again(
-        db_url: str) -> None:
+        db_url: str, max_gaps: int) -> None:
     # On a server database ids are taken at insert: row N+1 can be read before row N commits.
     fake = FakeSlurm(jobs={"7": FakeJob("7", gpus=2)})
     add_samples(db_url, "7", 2, START + 200.0, busy_gpus=2)
@@ -292,6 +294,7 @@ def test_a_row_committed_after_a_newer_one_was_read_is_still_judged_and_read_row
     store = CountingStore(open_database(db_url))
     clock = Clock(START + 200.0)
     controller = Controller(SlurmCli(runner=fake), store, CONFIG, clock=clock)
+    controller.MAX_ID_GAPS = max_gaps
     controller.tick()
     assert controller._tracker.last_ts()[("7", "a100-01", 1)] == START + 190.0
     first = store.fetched
@@ -493,3 +496,19 @@ def test_22_05_actions_share_one_recheck_listing_taken_after_the_ticks_and_skip_
     assert results["8"].detail["skipped"] == "job is COMPLETED now, no longer RUNNING"
     assert not any("JobId=8" in call for call in fake.mutations()) and "aigc-reclaim" not in fake.jobs["8"].admin_comment
     assert len(listings) == 2  # the tick's and one re-check listing for its three actions
+
+
+@given(st.sets(st.integers(-5, 60)), st.integers(-5, 30), st.integers(0, 40))
+def test_id_gaps_are_the_maximal_ranges_of_the_ids_not_read(seen: set[int], low: int, span: int) -> None:
+    gaps = id_gaps(seen, low, low + span)
+    assert [i for a, b in gaps for i in range(a, b + 1)] == sorted(set(range(low + 1, low + span + 1)) - seen)
+    assert all(b + 1 < a2 for (_, b), (a2, _) in zip(gaps, gaps[1:]))
+
+
+def test_sample_ids_in_ranges_are_the_ids_there_since_the_time(db_url: str) -> None:
+    add_samples(db_url, "7", 2, START + 90.0)  # ids 1-20, two a poll
+    store = ReclaimStore(open_database(db_url))
+    every = store.sample_ids(0, 20, START)
+    assert every == set(range(1, 21))
+    assert store.sample_ids_in([(2, 4), (9, 9), (15, 30)], START + 40.0) == {9} | set(range(15, 21))  # ids 9+: ts >= +40
+    assert store.sample_ids_in([], START) == set()
