@@ -291,13 +291,25 @@ def judge(
     ok = {name: fresh & (found.duration_s(name) >= window_s) & (found.count[name] >= params.min_samples[series_of_job])
           for name in PREDICATES}
     job_first = job_offsets[:-1]
-    all_ok = {name: np.logical_and.reduceat(value, job_first) for name, value in ok.items()}
-    unused = np.add.reduceat(ok["held"].astype(np.int64), job_first)
-    since = {name: np.fmax.reduceat(found.start_ts[name], job_first) for name in PREDICATES}
+    # Plain lists for the per-job loop: indexing NumPy arrays one element at a time cost ~0.05 s
+    # a tick over 10,000 jobs.
+    all_ok = {name: np.logical_and.reduceat(value, job_first).tolist() for name, value in ok.items()}
+    unused = np.add.reduceat(ok["held"].astype(np.int64), job_first).tolist()
+    since = {name: np.fmax.reduceat(found.start_ts[name], job_first).tolist() for name in PREDICATES}
+    columns = _JobColumns(job_offsets.tolist(), params.window.tolist(), params.grace_end.tolist())
     return [
-        _verdict(j, metas[j], job_offsets, params, now_ts, all_ok, int(unused[j]), since, evidence)
+        _verdict(j, metas[j], columns, now_ts, all_ok, unused[j], since, evidence)
         for j in range(len(metas))
     ]
+
+
+@dataclass(frozen=True)
+class _JobColumns:
+    """Per job (offsets: per job and one more), as plain lists."""
+
+    offsets: list[int]
+    window: list[float]
+    grace_end: list[float]
 
 
 def bare_evidence(found: Stretches, nodes: Sequence[str], gpus: Sequence[int]) -> list[GpuEvidence]:
@@ -369,25 +381,24 @@ _KIND_STRETCH = {"idle": "idle", "memory_held": "held", "fake_busy": "wasted", "
 def _verdict(
     j: int,
     meta: JobMeta,
-    job_offsets: IntArray,
-    params: _Params,
+    columns: _JobColumns,
     now_ts: float,
-    all_ok: Mapping[str, BoolArray],
+    all_ok: Mapping[str, Sequence[bool]],
     unused: int,
-    since: Mapping[str, FloatArray],
+    since: Mapping[str, Sequence[float]],
     evidence: Sequence[GpuEvidence],
 ) -> Verdict:
-    lo, hi = int(job_offsets[j]), int(job_offsets[j + 1])
+    lo, hi = columns.offsets[j], columns.offsets[j + 1]
     n_gpus = hi - lo
-    window_s = float(params.window[j])
-    kind, reason, used = _classify(meta, n_gpus, all_ok, j, unused, now_ts, float(params.grace_end[j]), window_s)
-    since_ts = float(since[_KIND_STRETCH[kind]][j]) if kind else None
+    window_s = columns.window[j]
+    kind, reason, used = _classify(meta, n_gpus, all_ok, j, unused, now_ts, columns.grace_end[j], window_s)
+    since_ts = since[_KIND_STRETCH[kind]][j] if kind else None
     return Verdict(meta.job_id, meta.job_class, kind, reason, now_ts, window_s, since_ts,
                    max(n_gpus, meta.gpus_allocated or 0), used, tuple(evidence[lo:hi]))
 
 
 def _classify(
-    meta: JobMeta, n_gpus: int, all_ok: Mapping[str, BoolArray], j: int, unused: int,
+    meta: JobMeta, n_gpus: int, all_ok: Mapping[str, Sequence[bool]], j: int, unused: int,
     now_ts: float, grace_end: float, window_s: float,
 ) -> tuple[str | None, str, int | None]:
     if meta.gpus_allocated and n_gpus < meta.gpus_allocated:
