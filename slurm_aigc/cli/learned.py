@@ -66,7 +66,7 @@ def read_entries(path: Path) -> list[LearnedEntry]:
 def entry_json(entry: LearnedEntry) -> dict[str, Any]:
     return {"uid": entry.uid, "user": entry.user, "pattern": entry.pattern, "class": entry.job_class,
             "vram_gib": entry.vram_gib, "sm": entry.sm, "jobs": entry.jobs, "class_jobs": entry.class_jobs,
-            "p95_peak_mib": entry.p95_peak_mib}
+            "p50_peak_mib": entry.p50_peak_mib, "p95_peak_mib": entry.p95_peak_mib}
 
 
 def why(entry: LearnedEntry, config: LearnedConfig) -> str:
@@ -78,6 +78,10 @@ def why(entry: LearnedEntry, config: LearnedConfig) -> str:
     if entry.vram_gib is not None and entry.p95_peak_mib is not None:
         parts.append(f"vram {entry.vram_gib}G: p95 of {entry.jobs} job peaks {entry.p95_peak_mib:.0f} MiB "
                      f"+ {config.vram_margin_pct:g} %, rounded up")
+    elif entry.p95_peak_mib is not None and entry.p50_peak_mib is not None:
+        parts.append(f"no vram: the {entry.jobs} job peaks spread from a median {entry.p50_peak_mib:.0f} MiB to a p95 "
+                     f"{entry.p95_peak_mib:.0f} MiB, over max_vram_spread {config.max_vram_spread:g}x: the name "
+                     "covers jobs of different sizes")
     if entry.sm is not None:
         parts.append(f"sm {entry.sm:g}: mean of {entry.jobs} job(s) SM while computing (samples above "
                      f"{COMPUTING_MIN_PCT:g} %)")

@@ -300,6 +300,7 @@ class LearnedConfig:
     refresh_seconds: int = 60  # the hook re-reads the file at most this often
     interval_s: float = 600.0  # the controller learns at most this often
     vram_margin_pct: float = 10.0  # added to the p95 of the peaks before rounding up to GiB
+    max_vram_spread: float = 2.0  # VRAM learned only where p95 <= this x median peak: a wider key lumps sizes
     min_class_share: float = 0.8  # a class is learned only when this share of the evidence agrees
 
 

@@ -272,5 +272,6 @@ def learned_section(node: Node) -> LearnedConfig:
         refresh_seconds=integer(node, "refresh_seconds", base.refresh_seconds, minimum=0),
         interval_s=number(node, "interval_s", base.interval_s, above=0),
         vram_margin_pct=number(node, "vram_margin_pct", base.vram_margin_pct, minimum=0, maximum=1000, what="percentage"),
+        max_vram_spread=number(node, "max_vram_spread", base.max_vram_spread, minimum=1, what="ratio (p95 / median)"),
         min_class_share=number(node, "min_class_share", base.min_class_share, above=0.5, maximum=1, what="fraction"),
     )

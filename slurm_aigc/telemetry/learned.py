@@ -33,6 +33,13 @@ Rules, and why each exists:
   rounded up to whole GiB. The p95 (nearest rank), not the maximum: one leaking run must not
   push every later job onto the biggest GPUs; not the mean: a job given less than it needs
   gets requeued by the memory guard when it shares a GPU.
+* **A tight key only**: the VRAM is learned only when that p95 is at most `max_vram_spread`
+  times the median peak. A wider spread means the name lumps jobs of different sizes (one
+  user's `openb-infer` jobs peaking anywhere from 2 to 40 GiB, median 12): any one figure is
+  wrong for most of them, and the p95 would move every one of them (most of which fit a small
+  GPU) onto the biggest type; measured, that cost a 16-node replay 19 % of its useful work
+  (docs/benchmarks.md). Such a key keeps its class and SM; its jobs are placed as if nothing
+  were learned of their VRAM.
 * **SM fraction**, 0..1: the mean over the jobs of each job's SM *while it computes* (its
   time-weighted mean over the samples above `COMPUTING_MIN_PCT`), what compute-aware sharing
   reads as `view.learned.sm` and what the policy's per-class `expected_sm` means
@@ -67,7 +74,7 @@ PATTERN_READ = 128  # bytes of a job name the key is made from (< slurmdbd's 255
 # A sample at or under this SM % is loading or idle, not computing (reclaim calls <= 1 % idle;
 # model loading shows a few per cent): left out of the job's SM while computing.
 COMPUTING_MIN_PCT = 5.0
-HEADER = b"# slurm-aigc learned defaults v1: uid pattern class vram_gib sm jobs class_jobs p95_peak_mib user\n"
+HEADER = b"# slurm-aigc learned defaults v2: uid pattern class vram_gib sm jobs class_jobs p50_peak_mib p95_peak_mib user\n"
 NONE = "-"  # a field without a learned value
 LEARNED_STAMP_KEY = "learned"  # aigc_learned=1 in the AdminComment stamp (slurm_aigc/tags.py)
 _NOT_EVIDENCE = frozenset({UNKNOWN_CLASS, "interactive"})
@@ -165,6 +172,7 @@ class LearnedEntry:
     jobs: int  # jobs with samples behind vram and sm
     class_jobs: int  # jobs whose stamped class counted as evidence
     p95_peak_mib: float | None
+    p50_peak_mib: float | None = None  # with p95: the spread that decides whether the VRAM is learned
 
     @property
     def key(self) -> tuple[int, str]:
@@ -212,12 +220,14 @@ def _entry(uid: int, user: str, pattern: str, jobs: Sequence[HistoryJob], usage:
     peaks = [u.peak_vram_mib for u in used if u.peak_vram_mib is not None and u.peak_vram_mib > 0]
     sms = [u.mean_sm_pct for u in used if u.mean_sm_pct is not None]
     p95 = percentile(peaks, 95) if len(peaks) >= config.min_jobs else None
-    vram = None if p95 is None else max(1, math.ceil(p95 * (1 + config.vram_margin_pct / 100) / 1024 - 1e-9))
+    p50 = percentile(peaks, 50) if p95 is not None else None
+    tight = p95 is not None and p50 is not None and p95 <= config.max_vram_spread * p50
+    vram = max(1, math.ceil(p95 * (1 + config.vram_margin_pct / 100) / 1024 - 1e-9)) if tight and p95 else None
     sm_mean = mean(sms) if len(sms) >= config.min_jobs else None
     sm = None if sm_mean is None else round(min(1.0, max(0.0, sm_mean / 100)), 2)
     if job_class is None and vram is None and sm is None:
         return None
-    return LearnedEntry(uid, user, pattern, job_class, vram, sm, max(len(peaks), len(sms)), class_jobs, p95)
+    return LearnedEntry(uid, user, pattern, job_class, vram, sm, max(len(peaks), len(sms)), class_jobs, p95, p50)
 
 
 def _learned_class(jobs: Sequence[HistoryJob], config: LearnedConfig, known: frozenset[str]) -> tuple[str | None, int]:
@@ -242,19 +252,23 @@ def _learned_class(jobs: Sequence[HistoryJob], config: LearnedConfig, known: fro
 def format_table(entries: Sequence[LearnedEntry]) -> bytes:
     """The file the hook reads: a header line, then one line per entry, fields split by one space.
 
-    `uid pattern class vram_gib sm jobs class_jobs p95_peak_mib user`; `-` for no value. The
-    hook reads the first five fields, `slurm-aigc classify`/`learned show` all of them.
+    `uid pattern class vram_gib sm jobs class_jobs p50_peak_mib p95_peak_mib user`; `-` for no
+    value. The hook reads the first five fields, `slurm-aigc classify`/`learned show` all of them.
     """
     lines = [HEADER]
     for e in entries:
         fields = [str(e.uid), e.pattern, e.job_class or NONE, _opt(e.vram_gib), _opt(e.sm), str(e.jobs),
-                  str(e.class_jobs), NONE if e.p95_peak_mib is None else f"{e.p95_peak_mib:.0f}", e.user]
+                  str(e.class_jobs), _mib(e.p50_peak_mib), _mib(e.p95_peak_mib), e.user]
         lines.append(" ".join(fields).encode("utf-8", "surrogateescape") + b"\n")
     return b"".join(lines)
 
 
 def _opt(value: float | int | None) -> str:
     return NONE if value is None else f"{value:g}"
+
+
+def _mib(value: float | None) -> str:
+    return NONE if value is None else f"{value:.0f}"
 
 
 def parse_table(data: bytes, source: str = "learned table") -> list[LearnedEntry]:
@@ -272,9 +286,12 @@ def parse_table(data: bytes, source: str = "learned table") -> list[LearnedEntry
 
 def _parse_line(line: bytes) -> LearnedEntry:
     fields = line.split(b" ")
-    if len(fields) != 9:
-        raise ValueError(f"expected 9 fields split by single spaces, got {len(fields)}")
-    uid, pattern, cls, vram, sm, jobs, class_jobs, p95, user = (f.decode("utf-8", "surrogateescape") for f in fields)
+    if len(fields) == 9:  # a v1 table (no p50) until the controller next writes it
+        fields.insert(7, NONE.encode())
+    if len(fields) != 10:
+        raise ValueError(f"expected 10 fields split by single spaces, got {len(fields)}")
+    uid, pattern, cls, vram, sm, jobs, class_jobs, p50, p95, user = (
+        f.decode("utf-8", "surrogateescape") for f in fields)
     if not uid.isdigit() or not pattern or name_pattern(pattern.encode("utf-8", "surrogateescape")) != pattern:
         raise ValueError(f"not a uid and a name pattern: {uid!r} {pattern!r}")
     if cls != NONE and not _CLASS_RE.fullmatch(cls):
@@ -286,7 +303,7 @@ def _parse_line(line: bytes) -> LearnedEntry:
     if vram_value is not None and vram_value < 1:
         raise ValueError(f"vram_gib must be >= 1, got {vram!r}")
     return LearnedEntry(int(uid), user, pattern, None if cls == NONE else cls, vram_value, sm_value, int(jobs),
-                        int(class_jobs), None if p95 == NONE else float(p95))
+                        int(class_jobs), None if p95 == NONE else float(p95), None if p50 == NONE else float(p50))
 
 
 def lookup(entries: Iterable[LearnedEntry], uid: int, name: str | None) -> LearnedEntry | None:

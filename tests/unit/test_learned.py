@@ -134,6 +134,18 @@ def test_one_leaking_run_does_not_set_the_vram_of_every_later_job() -> None:
     assert entry.vram_gib == 7  # 6000 x 1.1 / 1024 = 6.4 -> 7, not 86
 
 
+def test_a_key_whose_peaks_spread_wide_learns_no_vram_but_keeps_class_and_sm() -> None:
+    # One name for inference jobs of every size (the openb stream: 2-40 GiB, median 12): the p95
+    # would send all of them, most fitting a 16 GiB GPU, to the 80 GiB type.
+    jobs = history(20)
+    wide = [2000.0 + 2000.0 * i for i in range(20)]  # 2-40 GB, p95 38000 over p50 20000: 1.9x
+    [entry] = learn(jobs, usage_for(jobs, wide), replace(CONFIG, max_vram_spread=1.8), NOW, CLASSES)
+    assert (entry.vram_gib, entry.p50_peak_mib, entry.p95_peak_mib) == (None, 20000.0, 38000.0)
+    assert (entry.job_class, entry.sm) == ("imagegen", 0.4)
+    [kept] = learn(jobs, usage_for(jobs, wide), CONFIG, NOW, CLASSES)  # default 2x: 1.9x is tight enough
+    assert kept.vram_gib == 41 and kept.p50_peak_mib == 20000.0
+
+
 def test_fewer_than_min_jobs_learn_nothing() -> None:
     jobs = history(4)
     assert learn(jobs, usage_for(jobs, [5000] * 4), CONFIG, NOW, CLASSES) == []
@@ -213,7 +225,8 @@ def entry(**fields: Any) -> LearnedEntry:
 
 def test_the_file_round_trips_hostile_patterns() -> None:
     entries = [entry(), entry(uid=BOB, pattern=name_pattern("生成图片-0042"), job_class=None, sm=None),
-               entry(pattern=name_pattern("x" * 4000), vram_gib=None, p95_peak_mib=None, user="-")]
+               entry(pattern=name_pattern("x" * 4000), vram_gib=None, p95_peak_mib=None, user="-"),
+               entry(pattern="wide", vram_gib=None, p50_peak_mib=3000.0, p95_peak_mib=30000.0)]
     data = format_table(entries)
     assert data.startswith(HEADER) and parse_table(data) == entries
     assert lookup(parse_table(data), BOB, "生成图片-0099") == entries[1]
@@ -221,8 +234,9 @@ def test_the_file_round_trips_hostile_patterns() -> None:
 
 
 @pytest.mark.parametrize(("line", "words"), [
-    (b"1001 sd-gen imagegen 8 0.4 5 5", "9 fields"),
-    (b"1001 sd gen imagegen 8 0.4 5 5 7200 a", "9 fields"),
+    (b"1001 sd-gen imagegen 8 0.4 5 5", "10 fields"),
+    (b"1001 sd gen imagegen 8 0.4 5 5 6000 7200 a", "10 fields"),
+    (b"1001 sd-gen imagegen 8 0.4 5 5 x 7200 a", "x"),
     (b"alice sd-gen imagegen 8 0.4 5 5 7200 a", "uid"),
     (b"1001 sd-gen-0042 imagegen 8 0.4 5 5 7200 a", "pattern"),
     (b"1001 *gen imagegen 8 0.4 5 5 7200 a", "pattern"),
@@ -234,6 +248,12 @@ def test_the_file_round_trips_hostile_patterns() -> None:
 def test_a_bad_line_is_an_error_naming_it(line: bytes, words: str) -> None:
     with pytest.raises(LearnedTableError, match=f"t.txt: line 2: .*{words}"):
         parse_table(HEADER + line + b"\n", "t.txt")
+
+
+def test_a_v1_table_without_the_median_still_reads() -> None:
+    # Written by the previous release until the controller's next learning interval rewrites it.
+    [old] = parse_table(b"# slurm-aigc learned defaults v1\n1001 sd-gen imagegen 8 0.4 5 5 7200 aigc-alice\n")
+    assert old == entry()
 
 
 # --------------------------------------------------------------------------- the hook
@@ -346,6 +366,7 @@ def test_the_section_is_off_by_default_and_read_when_given() -> None:
     ({"refresh_seconds": -1}, "learned.refresh_seconds"),
     ({"min_class_share": 0.5}, "learned.min_class_share"),
     ({"vram_margin_pct": -5}, "learned.vram_margin_pct"),
+    ({"max_vram_spread": 0.9}, "learned.max_vram_spread"),
     ({"enabled": "yes"}, "learned.enabled"),
     ({"max_age_days": float("nan")}, "learned.max_age_days"),
     ({"colour": 1}, "learned"),

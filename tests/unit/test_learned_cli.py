@@ -76,6 +76,18 @@ def test_classify_with_user_prints_the_key_the_entry_and_why(tmp_path: Path) -> 
     assert "learned" not in json.loads(plain.output)  # without --user the output is as before
 
 
+def test_classify_says_why_a_wide_key_has_no_vram(tmp_path: Path) -> None:
+    uid = pwd.getpwnam("root").pw_uid
+    wide = replace(ENTRY, uid=uid, user="root", vram_gib=None, p50_peak_mib=3000.0, p95_peak_mib=30000.0)
+    policy = setup(tmp_path, [wide])
+    result = CliRunner().invoke(classify, ["--policy", str(policy), "--partitions-from", "none", "--user", "root",
+                                           "--name", "sd-gen-0042", "--gres", "gpu:1", "--json"])
+    assert result.exit_code == 0, result.output
+    learned_part = json.loads(result.output)["learned"]
+    assert learned_part["entry"]["p50_peak_mib"] == 3000.0
+    assert "median 3000 MiB to a p95 30000 MiB, over max_vram_spread 2x" in learned_part["why"]
+
+
 def test_untagged_fraction_strips_tags_deterministically_and_nothing_else(tmp_path: Path) -> None:
     root = traces_dir(tmp_path)
     workloads = {}
