@@ -25,6 +25,7 @@ from pathlib import Path
 from sqlalchemy import (
     Boolean,
     Double,
+    Index,
     Integer,
     String,
     Text,
@@ -45,7 +46,7 @@ from slurm_aigc.errors import DatabaseError
 
 DEFAULT_DB_URL = "sqlite:////var/lib/slurm-aigc/state.db"
 DEFAULT_URL_FILE = Path("/etc/slurm-aigc/db.url")
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 LOG = logging.getLogger(__name__)
 
 
@@ -59,13 +60,21 @@ class SchemaVersion(Base):
     version: Mapped[int] = mapped_column(Integer)
 
 
+GPU_SAMPLES_COVERING_INDEX = "ix_gpu_samples_ts_node_lost_sm"
+
+
 class GpuSample(Base):
     """One GPU's reading at one poll (`nvidia-smi --query-gpu=...`); null = not available."""
 
     __tablename__ = "gpu_samples"
+    # One index (schema version 3): the publisher's mean SM per node over its window, every
+    # cycle, reads only the index, never the rows; its ts prefix serves every other read (all are
+    # ts ranges). The ts-only and node-only indexes it replaced cost every agent insert, and
+    # SQLite's planner took the node one for the GROUP BY, scanning the whole table.
+    __table_args__ = (Index(GPU_SAMPLES_COVERING_INDEX, "ts", "node", "lost", "sm_util_pct"),)
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    ts: Mapped[float] = mapped_column(Double, index=True)
-    node: Mapped[str] = mapped_column(String(128), index=True)
+    ts: Mapped[float] = mapped_column(Double)
+    node: Mapped[str] = mapped_column(String(128))
     gpu_index: Mapped[int] = mapped_column(Integer)
     uuid: Mapped[str | None] = mapped_column(String(64), nullable=True)
     name: Mapped[str | None] = mapped_column(String(128), nullable=True)
@@ -418,9 +427,25 @@ def _v2_double_precision(connection: Connection) -> None:
                 connection.execute(text(f"ALTER TABLE {table.name} MODIFY {column.name} DOUBLE {null}"))
 
 
+def _v3_gpu_samples_covering_index(connection: Connection) -> None:
+    """Version 3: the covering index on gpu_samples (see GpuSample) replaces the ts and node ones.
+
+    InnoDB and PostgreSQL build it while the agents go on inserting (MariaDB's CREATE INDEX is
+    online); SQLite locks the file for the build, a few seconds per million samples.
+    """
+    present = {index["name"] for index in inspect(connection).get_indexes(GpuSample.__tablename__)}
+    if GPU_SAMPLES_COVERING_INDEX not in present:
+        next(i for i in GpuSample.__table__.indexes if i.name == GPU_SAMPLES_COVERING_INDEX).create(connection)
+    on_table = " ON gpu_samples" if connection.dialect.name in ("mysql", "mariadb") else ""
+    for old in ("ix_gpu_samples_ts", "ix_gpu_samples_node"):
+        if old in present:
+            connection.execute(text(f"DROP INDEX {old}{on_table}"))
+
+
 # (target version, step) in order; each step runs in one transaction and keeps every row.
 MIGRATIONS: Sequence[tuple[int, Callable[[Connection], None]]] = (
     (2, _v2_double_precision),
+    (3, _v3_gpu_samples_covering_index),
 )
 
 

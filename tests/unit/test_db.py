@@ -8,7 +8,9 @@ import os
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, func, inspect, select, text
+from typing import Any
+
+from sqlalchemy import create_engine, event, func, inspect, select, text
 
 from slurm_aigc import db
 from slurm_aigc.db import (
@@ -23,6 +25,7 @@ from slurm_aigc.db import (
     transaction,
 )
 from slurm_aigc.errors import DatabaseError
+from slurm_aigc.telemetry.store import TelemetryStore
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "db"
 NO_WAIT = StartupRetry(attempts=2, sleep=lambda _s: None)
@@ -106,6 +109,52 @@ def test_a_version_1_database_is_upgraded_and_its_rows_read_back(db_url: str) ->
     with transaction(factory) as session:
         assert session.scalar(select(JobGpuSample.ts).where(JobGpuSample.job_id == "42")) == 1796308714.25
         assert {"job_gpu_rollups", "retention_state"} <= set(inspect(session.get_bind()).get_table_names())
+    assert _gpu_sample_indexes(db_url) == {db.GPU_SAMPLES_COVERING_INDEX}
+
+
+def _gpu_sample_indexes(url: str) -> set[str]:
+    engine = create_engine(url)
+    try:
+        return {index["name"] for index in inspect(engine).get_indexes("gpu_samples")}
+    finally:
+        engine.dispose()
+
+
+def test_a_version_2_database_gets_the_covering_index_in_place_of_the_ts_and_node_ones(db_url: str) -> None:
+    factory = open_database(db_url)
+    with transaction(factory) as session:
+        session.add(GpuSample(ts=5.0, node="a100-01", gpu_index=0, sm_util_pct=40.0))
+    assert _gpu_sample_indexes(db_url) == {db.GPU_SAMPLES_COVERING_INDEX}  # as created
+    engine = create_engine(db_url)
+    with engine.begin() as connection:  # back to what version 2 had
+        on_table = " ON gpu_samples" if connection.dialect.name in ("mysql", "mariadb") else ""
+        connection.execute(text(f"DROP INDEX {db.GPU_SAMPLES_COVERING_INDEX}{on_table}"))
+        connection.execute(text("CREATE INDEX ix_gpu_samples_ts ON gpu_samples (ts)"))
+        connection.execute(text("CREATE INDEX ix_gpu_samples_node ON gpu_samples (node)"))
+        connection.execute(text("UPDATE schema_version SET version = 2"))
+    engine.dispose()
+    factory = open_database(db_url)
+    assert _gpu_sample_indexes(db_url) == {db.GPU_SAMPLES_COVERING_INDEX}
+    with transaction(factory) as session:
+        assert session.scalar(select(SchemaVersion.version)) == SCHEMA_VERSION
+        assert session.scalar(select(GpuSample.sm_util_pct)) == 40.0
+
+
+def test_the_publishers_mean_per_node_reads_only_the_covering_index(tmp_path: Path) -> None:
+    # SQLite's planner says so in words (with the node index of version 2 it scanned the whole table).
+    factory = open_database(f"sqlite:///{tmp_path / 'state.db'}")
+    engine = factory.kw["bind"]
+    seen: list[tuple[str, Any]] = []
+
+    def record(_conn: object, _cursor: object, statement: str, parameters: Any, _context: object, _many: bool) -> None:
+        if "avg(" in statement:
+            seen.append((statement, parameters))
+    event.listen(engine, "before_cursor_execute", record)
+    assert TelemetryStore(factory).mean_util_by_node(0.0) == {}
+    [(statement, parameters)] = seen
+    with engine.connect() as connection:
+        details = [row[-1] for row in connection.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, parameters)]
+    assert any(f"COVERING INDEX {db.GPU_SAMPLES_COVERING_INDEX}" in d for d in details), details
 
 
 # ---------------------------------------------------------------- credentials
