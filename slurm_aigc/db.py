@@ -61,6 +61,7 @@ class SchemaVersion(Base):
 
 
 GPU_SAMPLES_COVERING_INDEX = "ix_gpu_samples_ts_node_lost_sm"
+_GPU_SAMPLES_COVERING = Index(GPU_SAMPLES_COVERING_INDEX, "ts", "node", "lost", "sm_util_pct")  # bound by GpuSample
 
 
 class GpuSample(Base):
@@ -71,7 +72,7 @@ class GpuSample(Base):
     # cycle, reads only the index, never the rows; its ts prefix serves every other read (all are
     # ts ranges). The ts-only and node-only indexes it replaced cost every agent insert, and
     # SQLite's planner took the node one for the GROUP BY, scanning the whole table.
-    __table_args__ = (Index(GPU_SAMPLES_COVERING_INDEX, "ts", "node", "lost", "sm_util_pct"),)
+    __table_args__ = (_GPU_SAMPLES_COVERING,)
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     ts: Mapped[float] = mapped_column(Double)
     node: Mapped[str] = mapped_column(String(128))
@@ -435,7 +436,7 @@ def _v3_gpu_samples_covering_index(connection: Connection) -> None:
     """
     present = {index["name"] for index in inspect(connection).get_indexes(GpuSample.__tablename__)}
     if GPU_SAMPLES_COVERING_INDEX not in present:
-        next(i for i in GpuSample.__table__.indexes if i.name == GPU_SAMPLES_COVERING_INDEX).create(connection)
+        _GPU_SAMPLES_COVERING.create(connection)
     on_table = " ON gpu_samples" if connection.dialect.name in ("mysql", "mariadb") else ""
     for old in ("ix_gpu_samples_ts", "ix_gpu_samples_node"):
         if old in present:

@@ -6,10 +6,9 @@ import logging
 import multiprocessing
 import os
 from pathlib import Path
-
-import pytest
 from typing import Any
 
+import pytest
 from sqlalchemy import create_engine, event, func, inspect, select, text
 
 from slurm_aigc import db
