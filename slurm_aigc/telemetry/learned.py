@@ -37,9 +37,9 @@ Rules, and why each exists:
   times the median peak. A wider spread means the name lumps jobs of different sizes (one
   user's `openb-infer` jobs peaking anywhere from 2 to 40 GiB, median 12): any one figure is
   wrong for most of them, and the p95 would move every one of them (most of which fit a small
-  GPU) onto the biggest type; measured, that cost a 16-node replay 19 % of its useful work
-  (docs/benchmarks.md). Such a key keeps its class and SM; its jobs are placed as if nothing
-  were learned of their VRAM.
+  GPU) onto the biggest type (the 16-node replay measured before this rule: useful utilization
+  0.81x of learning off, docs/benchmarks.md). Such a key keeps its class and SM; its jobs are
+  placed as if nothing were learned of their VRAM.
 * **SM fraction**, 0..1: the mean over the jobs of each job's SM *while it computes* (its
   time-weighted mean over the samples above `COMPUTING_MIN_PCT`), what compute-aware sharing
   reads as `view.learned.sm` and what the policy's per-class `expected_sm` means
@@ -221,8 +221,9 @@ def _entry(uid: int, user: str, pattern: str, jobs: Sequence[HistoryJob], usage:
     sms = [u.mean_sm_pct for u in used if u.mean_sm_pct is not None]
     p95 = percentile(peaks, 95) if len(peaks) >= config.min_jobs else None
     p50 = percentile(peaks, 50) if p95 is not None else None
-    tight = p95 is not None and p50 is not None and p95 <= config.max_vram_spread * p50
-    vram = max(1, math.ceil(p95 * (1 + config.vram_margin_pct / 100) / 1024 - 1e-9)) if tight and p95 else None
+    vram = None
+    if p95 is not None and p50 is not None and p95 <= config.max_vram_spread * p50:  # a tight key
+        vram = max(1, math.ceil(p95 * (1 + config.vram_margin_pct / 100) / 1024 - 1e-9))
     sm_mean = mean(sms) if len(sms) >= config.min_jobs else None
     sm = None if sm_mean is None else round(min(1.0, max(0.0, sm_mean / 100)), 2)
     if job_class is None and vram is None and sm is None:

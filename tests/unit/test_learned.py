@@ -138,7 +138,7 @@ def test_a_key_whose_peaks_spread_wide_learns_no_vram_but_keeps_class_and_sm() -
     # One name for inference jobs of every size (the openb stream: 2-40 GiB, median 12): the p95
     # would send all of them, most fitting a 16 GiB GPU, to the 80 GiB type.
     jobs = history(20)
-    wide = [2000.0 + 2000.0 * i for i in range(20)]  # 2-40 GB, p95 38000 over p50 20000: 1.9x
+    wide = [2000.0 + 2000.0 * i for i in range(20)]  # 2,000-40,000 MiB: p95 38,000 over p50 20,000 = 1.9x
     [entry] = learn(jobs, usage_for(jobs, wide), replace(CONFIG, max_vram_spread=1.8), NOW, CLASSES)
     assert (entry.vram_gib, entry.p50_peak_mib, entry.p95_peak_mib) == (None, 20000.0, 38000.0)
     assert (entry.job_class, entry.sm) == ("imagegen", 0.4)
