@@ -431,8 +431,9 @@ def _v2_double_precision(connection: Connection) -> None:
 def _v3_gpu_samples_covering_index(connection: Connection) -> None:
     """Version 3: the covering index on gpu_samples (see GpuSample) replaces the ts and node ones.
 
-    InnoDB and PostgreSQL build it while the agents go on inserting (MariaDB's CREATE INDEX is
-    online); SQLite locks the file for the build (0.3 s for 456,000 samples, bench_publisher_mean).
+    MariaDB builds it online while the agents insert; PostgreSQL (plain CREATE INDEX, as this
+    runs in a transaction) and SQLite hold inserts for the build (0.3-0.5 s for 456,000 samples
+    on SQLite and MariaDB, benchmarks/bench_publisher_mean.py).
     """
     present = {index["name"] for index in inspect(connection).get_indexes(GpuSample.__tablename__)}
     if GPU_SAMPLES_COVERING_INDEX not in present:
