@@ -33,6 +33,7 @@ from slurm_aigc.db import (  # noqa: E402
     GPU_SAMPLES_COVERING_INDEX,
     GpuSample,
     _v3_gpu_samples_covering_index,
+    drop_index,
     open_database,
     read_url_file,
     scratch_database,
@@ -76,10 +77,8 @@ def timed(factory: sessionmaker[Session], since: float) -> tuple[float, float]:
 
 
 def to_version_2(factory: sessionmaker[Session]) -> None:
-    engine = factory.kw["bind"]
-    on_table = " ON gpu_samples" if engine.dialect.name in ("mysql", "mariadb") else ""
-    with engine.begin() as connection:
-        connection.exec_driver_sql(f"DROP INDEX {GPU_SAMPLES_COVERING_INDEX}{on_table}")
+    with factory.kw["bind"].begin() as connection:
+        drop_index(connection, "gpu_samples", GPU_SAMPLES_COVERING_INDEX)
         connection.exec_driver_sql("CREATE INDEX ix_gpu_samples_ts ON gpu_samples (ts)")
         connection.exec_driver_sql("CREATE INDEX ix_gpu_samples_node ON gpu_samples (node)")
 

@@ -438,10 +438,15 @@ def _v3_gpu_samples_covering_index(connection: Connection) -> None:
     present = {index["name"] for index in inspect(connection).get_indexes(GpuSample.__tablename__)}
     if GPU_SAMPLES_COVERING_INDEX not in present:
         _GPU_SAMPLES_COVERING.create(connection)
-    on_table = " ON gpu_samples" if connection.dialect.name in ("mysql", "mariadb") else ""
     for old in ("ix_gpu_samples_ts", "ix_gpu_samples_node"):
         if old in present:
-            connection.execute(text(f"DROP INDEX {old}{on_table}"))
+            drop_index(connection, GpuSample.__tablename__, old)
+
+
+def drop_index(connection: Connection, table: str, name: str) -> None:
+    """DROP INDEX in the dialect's words (MariaDB/MySQL name the table, SQLite and PostgreSQL do not)."""
+    on_table = f" ON {table}" if connection.dialect.name in ("mysql", "mariadb") else ""
+    connection.execute(text(f"DROP INDEX {name}{on_table}"))
 
 
 # (target version, step) in order; each step runs in one transaction and keeps every row.

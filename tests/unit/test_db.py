@@ -126,8 +126,7 @@ def test_a_version_2_database_gets_the_covering_index_in_place_of_the_ts_and_nod
     assert _gpu_sample_indexes(db_url) == {db.GPU_SAMPLES_COVERING_INDEX}  # as created
     engine = create_engine(db_url)
     with engine.begin() as connection:  # back to what version 2 had
-        on_table = " ON gpu_samples" if connection.dialect.name in ("mysql", "mariadb") else ""
-        connection.execute(text(f"DROP INDEX {db.GPU_SAMPLES_COVERING_INDEX}{on_table}"))
+        db.drop_index(connection, "gpu_samples", db.GPU_SAMPLES_COVERING_INDEX)
         connection.execute(text("CREATE INDEX ix_gpu_samples_ts ON gpu_samples (ts)"))
         connection.execute(text("CREATE INDEX ix_gpu_samples_node ON gpu_samples (node)"))
         connection.execute(text("UPDATE schema_version SET version = 2"))
