@@ -196,6 +196,9 @@ class ReclaimConfig:
     # Memory guard: a shard job above its shards' GiB for this many consecutive samples is
     # `over_memory` (one sample can be a transient peak; shards isolate nothing).
     over_memory_samples: int = 3
+    # ... and above them by more than this per GPU: the CUDA context every process holds outside
+    # its framework's memory fraction (measured 0.5-0.6 GiB on an H200, memguard's docstring).
+    over_memory_allowance_mib: float = 1024.0
     # From the policy's `inventory` (not reclaim keys): shards into GPU-hours recovered, and
     # GiB per shard per GPU type (the memory a shard job may use: the memory guard's limit).
     shards_per_gpu: Mapping[str, int] = field(default_factory=dict)

@@ -82,6 +82,7 @@ def reclaim_section(node: Node) -> ReclaimConfig:
         defaults=defaults,
         classes=_reclaim_classes(section(node, "classes"), defaults),
         over_memory_samples=integer(node, "over_memory_samples", base.over_memory_samples, minimum=1),
+        over_memory_allowance_mib=number(node, "over_memory_allowance_mib", base.over_memory_allowance_mib, minimum=0),
     )
     _check_cancel(node, config)
     _check_signal(node, config)

@@ -384,7 +384,8 @@ class Controller:
         needed = self.config.over_memory_samples
         rows = self._store.samples(limits, now - (needed + 2) * self.config.gap_s)
         for window in windows_from_rows({k: metas[k] for k in limits}, rows):
-            found = judge_memory(window, limits[window.meta.job_id], needed, now, self.config.gap_s)
+            found = judge_memory(window, limits[window.meta.job_id], needed, now, self.config.gap_s,
+                                 allowance_mib=self.config.over_memory_allowance_mib)
             if found is not None:
                 verdicts[found.job_id] = found
         return verdicts

@@ -8,10 +8,17 @@ the verdict is per job, and a memory hog cannot get a neighbour judged.
 
 Per node, the job's memory at one poll is the sum over its GPUs there (one poll writes one
 timestamp per node). The job is `over_memory` when the newest `samples_needed` polls in a
-row are all above its limit (its shards on that node x GiB per shard), without a gap longer
+row are all above its limit (its shards on that node x GiB per shard, plus `allowance_mib`
+for each of its GPUs there), without a gap longer
 than `gap_s` between them, the newest one fresh. An unreadable reading (None/NaN) or a gap
 ends the run, so missing data never condemns a job. There is no start-up grace: a job that
 overflows while loading harms its neighbours just the same.
+
+The allowance is there because the frameworks' memory fractions (the TaskProlog's exports)
+cap their allocators, not the CUDA context each process holds besides: on an H200 (driver
+580, benchmarks/bench_real_gpu.py) a PyTorch process holding 5 GiB showed 5.6 GiB in NVML, and
+JAX told to take 5 % (7.0 GiB) showed 7.5 GiB. Without it, every job that obeys its limit
+exactly would be requeued.
 """
 
 from __future__ import annotations
@@ -47,24 +54,27 @@ def trailing_over(points: Sequence[tuple[float, float]], limit_mib: float, gap_s
 
 
 def judge_memory(
-    window: JobWindow, limit_mib: float, samples_needed: int, now_ts: float, gap_s: float
+    window: JobWindow, limit_mib: float, samples_needed: int, now_ts: float, gap_s: float, *, allowance_mib: float
 ) -> Verdict | None:
-    """`over_memory` when the job stayed above `limit_mib` on some node for `samples_needed` polls; else None."""
+    """`over_memory` when the job stayed above `limit_mib` (+ `allowance_mib` per GPU) on some node
+    for `samples_needed` polls; else None."""
     if limit_mib <= 0:
         return None  # not a shard job, or its node's GPU type has no shards in the inventory
     for node, points in sorted(node_totals(window.series).items()):
-        run = trailing_over(points, limit_mib, gap_s)
+        gpus = sum(1 for series in window.series if series.node == node)
+        run = trailing_over(points, limit_mib + allowance_mib * gpus, gap_s)
         if len(run) >= samples_needed and now_ts - run[-1][0] <= gap_s:
-            return _verdict(window, node, run, limit_mib, now_ts)
+            return _verdict(window, node, run, limit_mib, allowance_mib * gpus, now_ts)
     return None
 
 
 def _verdict(window: JobWindow, node: str, run: Sequence[tuple[float, float]], limit_mib: float,
-             now_ts: float) -> Verdict:
+             allowance_mib: float, now_ts: float) -> Verdict:
     meta = window.meta
     peak = max(mib for _, mib in run)
     reason = (f"its processes use {peak / 1024:.1f} GiB of GPU memory on {node}, above its shards' "
-              f"{limit_mib / 1024:.1f} GiB, for {len(run)} samples in a row")
+              f"{limit_mib / 1024:.1f} GiB (+ {allowance_mib / 1024:.1f} GiB allowed for CUDA contexts), "
+              f"for {len(run)} samples in a row")
     gpus = sum(1 for s in window.series if s.node == node)
     return Verdict(meta.job_id, meta.job_class, OVER_MEMORY, reason, now_ts, run[-1][0] - run[0][0], run[0][0],
                    gpus, None, ())

@@ -37,7 +37,7 @@ def window(memory_gib: list[float | None], step: float = 10.0, gpus: int = 1) ->
 def judge(memory_gib: list[float | None], now_offset: float | None = None, step: float = 10.0,
           gpus: int = 1) -> str | None:
     now = START + (len(memory_gib) - 1) * step + (now_offset or 0.0)
-    found = judge_memory(window(memory_gib, step, gpus), 20 * GIB, 3, now, 20.0)
+    found = judge_memory(window(memory_gib, step, gpus), 20 * GIB, 3, now, 20.0, allowance_mib=0.0)
     return None if found is None else found.kind
 
 
@@ -53,13 +53,34 @@ def test_three_polls_in_a_row_above_the_shards_gib_is_over_memory() -> None:
 
 
 def test_the_reason_names_the_peak_and_the_limit() -> None:
-    found = judge_memory(window([25, 31, 26]), 20 * GIB, 3, START + 20.0, 20.0)
-    assert found is not None and "31.0 GiB" in found.reason and "20.0 GiB" in found.reason
+    found = judge_memory(window([25, 31, 26]), 20 * GIB, 3, START + 20.0, 20.0, allowance_mib=512.0)
+    assert found is not None and "31.0 GiB" in found.reason and "20.0 GiB (+ 0.5 GiB allowed" in found.reason
     assert found.since_ts == START and found.gpus_total == 1
 
 
 def test_no_limit_means_no_verdict() -> None:
-    assert judge_memory(window([80, 80, 80]), 0.0, 3, START + 20.0, 20.0) is None
+    assert judge_memory(window([80, 80, 80]), 0.0, 3, START + 20.0, 20.0, allowance_mib=1024.0) is None
+
+
+# Measured on an H200 (143,771 MiB, driver 580.159.04) by benchmarks/bench_real_gpu.py: a job of
+# 4 of 80 shards (7.02 GiB), run with the TaskProlog's XLA_PYTHON_CLIENT_MEM_FRACTION=0.05, showed
+# 7,708 MiB in NVML (JAX's pool plus its CUDA context); a hog without the cap showed 12,898 MiB.
+H200_LIMIT_MIB = 143771 * 4 / 80
+
+
+@pytest.mark.parametrize(("memory_mib", "judged"), [(7708.0, False), (12898.0, True)])
+def test_a_job_that_obeys_its_fraction_is_not_judged_for_its_cuda_context(memory_mib: float, judged: bool) -> None:
+    samples = tuple(Sample(START + 10.0 * i, 90.0, memory_mib) for i in range(3))
+    job = JobWindow(JobMeta("9", "infer", START, None, True), (GpuSeries("h200-01", 0, samples),))
+    allowance = ReclaimConfig().over_memory_allowance_mib
+    found = judge_memory(job, H200_LIMIT_MIB, 3, START + 20.0, 20.0, allowance_mib=allowance)
+    assert (found is not None) is judged
+
+
+def test_the_allowance_counts_once_per_gpu_of_the_job_on_the_node() -> None:
+    # a node limit of 20 GiB over 2 GPUs, plus 1 GiB of context allowance for each GPU: 22 GiB
+    assert judge_memory(window([21.5] * 3, gpus=2), 20 * GIB, 3, START + 20.0, 20.0, allowance_mib=GIB) is None
+    assert judge_memory(window([22.5] * 3, gpus=2), 20 * GIB, 3, START + 20.0, 20.0, allowance_mib=GIB) is not None
 
 
 def test_nan_is_never_above() -> None:

@@ -180,8 +180,17 @@ def test_own_damaged_fixture_raises_naming_the_problem(name: str) -> None:
 
 
 def test_own_fixtures_are_all_classified() -> None:
-    parsed = {p.name for p in OWN_TOPO.glob("synthetic-*.txt")}
+    parsed = {p.name for p in OWN_TOPO.glob("synthetic-*.txt")} | {p.name for p in OWN_TOPO.glob("captured-*.txt")}
     assert {p.name for p in OWN_TOPO.glob("*.txt")} == parsed | set(OWN_MUST_RAISE)
+
+
+def test_captured_single_h200_with_underlined_header_and_empty_gpu_numa_cell() -> None:
+    # Captured on a real H200 (driver 580.159.04, 2026-12-04): ESC[4m underline, tabs, and an
+    # empty field before `N/A` in the GPU NUMA ID column.
+    matrix = parse_topo_matrix(read(OWN_TOPO / "captured-h200-1gpu.txt"))
+    assert matrix.to_json() == {"gpus": [{"index": 0, "cpu_affinity": "0-15", "numa_affinity": "0"}],
+                                "nics": [], "links": {"GPU0": {}}, "nvlink_islands": [[0]]}
+    assert matrix.gpus[0].gpu_numa_id is None
 
 
 def test_nic_legend_and_real_ansi_escapes() -> None:
