@@ -19,6 +19,7 @@ local ceil, tostring, tonumber, type, ipairs = math.ceil, tostring, tonumber, ty
 
 local NO_VAL = 4294967294
 local INFINITE = 4294967295
+local NICE_OFFSET = 2147483648  -- job_desc.nice holds the user's nice + this (slurm.h NICE_OFFSET)
 local TAG_PREFIX = "aigc:"
 local JOB_PENDING = 0
 local MAX_FEATURE_LEN = 64  -- as slurm_aigc/telemetry/features.py publishes them
@@ -539,6 +540,13 @@ local function rule_shard(view)
         plan(view, "tres_per_node", (per_node and per_node ~= "") and (per_node .. "," .. entry) or entry, why)
     end
     view.sharded = true
+    -- A fraction of a GPU starts in gaps no whole-GPU job can use, so it goes ahead in the queue:
+    -- Slurm's main scheduler stops at the first job it cannot start, and a shard job behind a
+    -- whole-GPU job waits for backfill. A nice the user chose is kept (users may only raise it).
+    local nice = get(view, "nice")
+    if cfg.nice ~= 0 and (nice == nil or nice == NO_VAL) then
+        plan(view, "nice", NICE_OFFSET + cfg.nice, format("shard: a fraction of a GPU goes ahead (nice %d)", cfg.nice))
+    end
 end
 
 local function rule_vram_fit(view)
@@ -775,6 +783,14 @@ local function show(value)
     return tostring(value)
 end
 
+-- A field's value as users write it: nice without its offset.
+local function show_field(field, value)
+    if field == "nice" and type(value) == "number" then
+        return value == NO_VAL and "(unset)" or tostring(value - NICE_OFFSET)
+    end
+    return show(value)
+end
+
 local function tag_error_text(problems)
     local parts = {}
     for _, p in ipairs(problems) do
@@ -810,10 +826,11 @@ local function announce(view)
     local name, uid, tell = show(get(view, "name")), view.uid, not view.modify
     for _, change in ipairs(view.plan) do
         if not change.quiet then
+            local before, after = show_field(change.field, change.before), show_field(change.field, change.value)
             slurm.log_info("aigc: rewrite uid=%s name=%s class=%s %s: %s -> %s (%s)", tostring(uid), name,
-                view.class, change.field, show(change.before), show(change.value), change.why)
+                view.class, change.field, before, after, change.why)
             if tell then
-                slurm.log_user("aigc: %s: %s %s -> %s", change.why, change.field, show(change.before), show(change.value))
+                slurm.log_user("aigc: %s: %s %s -> %s", change.why, change.field, before, after)
             end
         elseif DEBUG then
             slurm.log_debug("aigc: %s uid=%s: %s", change.why, tostring(uid), show(change.value))

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from slurm_aigc.errors import AigcError
-from slurm_aigc.policy.hookruntime import INFINITE, NO_VAL, HookResult, HookRuntime
+from slurm_aigc.policy.hookruntime import INFINITE, NICE_OFFSET, NO_VAL, HookResult, HookRuntime
 from slurm_aigc.policy.install import HOOK_FILE, install_hook
 from slurm_aigc.policy.model import UNKNOWN_CLASS, Policy
 from slurm_aigc.policy.render import MARKER, render_hook, render_policy_table
@@ -250,12 +250,15 @@ def _print_text(result: HookResult, source: str) -> None:
     if not result.changes:
         click.echo("changes: none")
     for field, (before, after) in result.changes.items():
-        click.echo(f"change:  {field}: {_show(before)} -> {_show(after)}")
+        click.echo(f"change:  {field}: {_show(before, field)} -> {_show(after, field)}")
     for message in result.messages:
         click.echo(f"message: {message}")
 
 
-def _show(value: object) -> str:
+def _show(value: object, field: str = "") -> str:
+    if field == "nice" and isinstance(value, int):
+        # job_desc.nice is the user's nice + NICE_OFFSET; NO_VAL means unset.
+        return "(unset)" if value == NO_VAL else str(value - NICE_OFFSET)
     return "(unset)" if value is None else str(value)
 
 

@@ -22,6 +22,7 @@ from slurm_aigc.policy.render import glob_matcher, lua_value
 
 NO_VAL = 4294967294
 INFINITE = 4294967295
+NICE_OFFSET = 2147483648  # job_desc.nice = the user's nice + this (slurm.h)
 SUCCESS = 0
 ERROR = -1
 

@@ -19,6 +19,7 @@ import yaml
 from slurm_aigc.errors import ConfigError
 from slurm_aigc.policy.model import (
     SHARD_GRES,
+    SLURM_MAX_NICE,
     UNCLASSIFIED,
     UNKNOWN_CLASS,
     ClassDefaults,
@@ -263,7 +264,7 @@ def _rewrites(node: Node, known: set[str]) -> Rewrites:
 
 
 def _shard(node: Node, known: set[str]) -> ShardRule:
-    mapping(node, {"enabled", "classes", "max_fraction", "expected_sm", "max_sm"})
+    mapping(node, {"enabled", "classes", "max_fraction", "expected_sm", "max_sm", "nice"})
     base = ShardRule()
     fraction = number(node, "max_fraction", base.max_fraction, above=0, maximum=1, what="fraction")
     classes = _class_list(node, "classes", known, base.classes)
@@ -273,7 +274,8 @@ def _shard(node: Node, known: set[str]) -> ShardRule:
     if missing:  # the hook must never guess a shared class's compute share
         where = section(node, "expected_sm")
         raise where.error(f"no expected SM fraction (0..1] for shared class(es) {', '.join(missing)}")
-    return ShardRule(flag(node, "enabled", base.enabled), classes, fraction, expected, max_sm)
+    nice = integer(node, "nice", base.nice, minimum=-SLURM_MAX_NICE, maximum=0)
+    return ShardRule(flag(node, "enabled", base.enabled), classes, fraction, expected, max_sm, nice)
 
 
 def _expected_sm(node: Node, known: set[str], default: Mapping[str, float]) -> Mapping[str, float]:

@@ -61,6 +61,10 @@ class DetectionRule:
     interactive: bool | None = None
 
 
+# The largest |nice| Slurm accepts (NICE_OFFSET - 3; `sbatch --nice` is refused beyond it).
+SLURM_MAX_NICE = 2147483645
+
+
 @dataclass(frozen=True)
 class ShardRule:
     enabled: bool = True
@@ -73,6 +77,10 @@ class ShardRule:
     # A class (or a job's learned SM) above this is never shared: at most one such job fits a
     # GPU anyway, and a whole GPU is then the honest request.
     max_sm: float = 0.5
+    # Nice the hook gives a job it shards (<= 0: ahead in the queue), unless the user set one. With
+    # priority/basic one point is one place in the queue; multifactor sites weigh it against
+    # their PriorityWeight* (docs/hook.md).
+    nice: int = -100
 
 
 @dataclass(frozen=True)

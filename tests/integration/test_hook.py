@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
+from slurm_aigc.policy.hookruntime import NICE_OFFSET
 from slurm_aigc.policy.install import HOOK_FILE, atomic_write, install_hook
 from slurm_aigc.policy.paths import shipped_policy
 from slurm_aigc.slurm import JobInfo
@@ -85,8 +86,16 @@ def _text(text: str | None) -> str:
     return "" if value == "(null)" else value
 
 
+def slurmctld_nice(job_id: str) -> int:
+    """The job's nice as job_desc holds it (+ NICE_OFFSET): `squeue --json` of 22.05 has no nice."""
+    shown = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%y"], capture_output=True, text=True, check=True,
+                           timeout=30).stdout
+    return int(shown) + NICE_OFFSET
+
+
 # Every job_desc field the hook may write (docs/hook.md), read back from slurmctld.
 SLURMCTLD_VALUE: dict[str, Callable[[JobInfo], object]] = {
+    "nice": lambda info: slurmctld_nice(info.job_id),
     "partition": lambda info: info.partition,
     "qos": lambda info: info.qos,
     "time_limit": lambda info: None if info.time_limit_s is None else info.time_limit_s // 60,
@@ -123,6 +132,18 @@ def test_small_inference_runs_on_shards_of_a_gpu_that_fits(cluster: Any, hook_in
     assert info.features == "a100" and node_type(info.node_list) == "a100"
     assert info.comment.strip() == comment and info.admin_comment == "aigc_class=infer"
     assert_classify_agrees(info, classify("--comment", comment, "--gres", "gpu:1", uid=alice_uid()),
+                           {"comment": comment, "prefer": None, "tres_per_job": None})
+
+
+def test_a_shard_job_goes_ahead_of_an_earlier_whole_gpu_job(cluster: Any, hook_installed: Path, jobs: list[str]) -> None:
+    later = ("--begin=now+3600",)  # pending, with the priority slurmctld gave each at submit
+    jobs.append(submit(cluster, SLEEP, "--gres=gpu:1", "--comment=aigc:type=train", *later))
+    comment = "aigc:type=infer,vram=6G"
+    jobs.append(submit(cluster, SLEEP, "--gres=gpu:1", f"--comment={comment}", *later))
+    whole, shard = job(cluster, jobs[0]), job(cluster, jobs[1])
+    assert slurmctld_nice(jobs[0]) == NICE_OFFSET and slurmctld_nice(jobs[1]) == NICE_OFFSET - 100
+    assert int(shard.fields["Priority"]) > int(whole.fields["Priority"])  # submitted later, yet ahead
+    assert_classify_agrees(shard, classify("--comment", comment, "--gres", "gpu:1", uid=alice_uid()),
                            {"comment": comment, "prefer": None, "tres_per_job": None})
 
 
