@@ -513,19 +513,6 @@ local function shard_request(class, vram, learned)
 end
 M.shard_request = shard_request
 
--- The smallest GPU type that holds `vram` whole and is smaller than every type in `shared`
--- (the types the job could share), or nil. TYPES ascend by memory.
-local function smaller_whole_type(vram, shared)
-    local smallest_shared = shared[1].memory_gib
-    for _, t in ipairs(shared) do
-        if t.memory_gib < smallest_shared then smallest_shared = t.memory_gib end
-    end
-    for _, t in ipairs(TYPES) do
-        if t.memory_gib >= vram and t.memory_gib < smallest_shared then return t end
-    end
-    return nil
-end
-
 local function rule_shard(view)
     local cfg = P.rewrites.shard
     local tags, gpu = view.tags, view.gpu
@@ -540,14 +527,6 @@ local function rule_shard(view)
     local shards, allowed, sm, source = shard_request(view.class, vram, view.learned)
     if not shards then
         if DEBUG then slurm.log_debug("aigc: not shared: expected SM %s (%s)", tostring(sm), tostring(source)) end
-        return
-    end
-    local whole = cfg.whole_small_type and smaller_whole_type(vram, allowed)
-    if whole then
-        -- A whole small GPU rather than a share of a big one: the big GPUs are the ones that
-        -- jobs too big for the small ones queue for. rule_vram_fit adds nothing to this.
-        restrict_types(view, { whole }, format("shard: vram=%gG fits a whole %s, kept off the shared %s",
-            vram, whole.name, types_expr(allowed)))
         return
     end
     local why = format("shard: vram=%gG, SM %g (%s) -> %d shard(s)", vram, sm, source, shards)

@@ -264,7 +264,7 @@ def _rewrites(node: Node, known: set[str]) -> Rewrites:
 
 
 def _shard(node: Node, known: set[str]) -> ShardRule:
-    mapping(node, {"enabled", "classes", "max_fraction", "expected_sm", "max_sm", "nice", "whole_small_type"})
+    mapping(node, {"enabled", "classes", "max_fraction", "expected_sm", "max_sm", "nice"})
     base = ShardRule()
     fraction = number(node, "max_fraction", base.max_fraction, above=0, maximum=1, what="fraction")
     classes = _class_list(node, "classes", known, base.classes)
@@ -275,8 +275,7 @@ def _shard(node: Node, known: set[str]) -> ShardRule:
         where = section(node, "expected_sm")
         raise where.error(f"no expected SM fraction (0..1] for shared class(es) {', '.join(missing)}")
     nice = integer(node, "nice", base.nice, minimum=-SLURM_MAX_NICE, maximum=0)
-    whole = flag(node, "whole_small_type", base.whole_small_type)
-    return ShardRule(flag(node, "enabled", base.enabled), classes, fraction, expected, max_sm, nice, whole)
+    return ShardRule(flag(node, "enabled", base.enabled), classes, fraction, expected, max_sm, nice)
 
 
 def _expected_sm(node: Node, known: set[str], default: Mapping[str, float]) -> Mapping[str, float]:

@@ -81,9 +81,6 @@ class ShardRule:
     # priority/basic one point is one place in the queue; multifactor sites weigh it against
     # their PriorityWeight* (docs/hook.md).
     nice: int = -100
-    # A job that can share only a bigger type but fits a smaller one whole takes the smaller one
-    # whole (gpu:1 on it), not shards of the bigger one.
-    whole_small_type: bool = True
 
 
 @dataclass(frozen=True)

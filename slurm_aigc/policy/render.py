@@ -125,8 +125,7 @@ def policy_table(policy: Policy) -> dict[str, LuaValue]:
         "detection": [_rule(rule) for rule in policy.detection],
         "rewrites": {
             "shard": {"enabled": r.shard.enabled, "classes": list(r.shard.classes), "max_fraction": r.shard.max_fraction,
-                      "expected_sm": dict(r.shard.expected_sm), "max_sm": r.shard.max_sm, "nice": r.shard.nice,
-                      "whole_small_type": r.shard.whole_small_type},
+                      "expected_sm": dict(r.shard.expected_sm), "max_sm": r.shard.max_sm, "nice": r.shard.nice},
             "vram_fit": {"enabled": r.vram_fit.enabled, "reject_misfit": r.vram_fit.reject_misfit},
             "nvlink": {"enabled": r.nvlink.enabled, "classes": list(r.nvlink.classes), "method": r.nvlink.method,
                        "feature": r.nvlink.feature},

@@ -76,20 +76,6 @@ def test_a_sharded_job_goes_ahead_in_the_queue_unless_its_user_chose_a_nice(hook
     assert "nice" not in train.changes
 
 
-def test_a_job_that_fits_a_small_gpu_whole_takes_it_rather_than_a_share_of_a_big_one(tmp_path: Path) -> None:
-    hook = runtime_for(tmp_path)
-    # 12 GiB is over half a t4 (no t4 sharing) but fits one whole: a whole t4, not shard:40 on a100.
-    result = submit(hook, comment="aigc:type=infer,vram=12G", tres_per_node="gres:gpu:1")
-    assert "tres_per_node" not in result.changes and result.changes["features"] == (None, "t4")
-    assert "nice" not in result.changes  # a whole GPU does not go ahead in the queue
-    assert any("fits a whole t4, kept off the shared a100" in line for line in result.messages)
-    big = submit(hook, comment="aigc:type=infer,vram=17G", tres_per_node="gres:gpu:1")
-    assert big.changes["tres_per_node"][1] == "gres:shard:40" and big.changes["features"] == (None, "a100")
-    shared = runtime_for(tmp_path, **{"rewrites.shard": {"whole_small_type": False}})
-    off = submit(shared, comment="aigc:type=infer,vram=12G", tres_per_node="gres:gpu:1")
-    assert off.changes["tres_per_node"][1] == "gres:shard:40" and off.changes["features"] == (None, "a100")
-
-
 def test_shard_nice_zero_leaves_the_queue_order_alone(tmp_path: Path) -> None:
     hook = runtime_for(tmp_path, **{"rewrites.shard": {"nice": 0}})
     result = submit(hook, comment="aigc:type=infer,vram=6G", tres_per_node="gres:gpu:1")
@@ -215,7 +201,7 @@ def test_model_prefer_only_when_a_node_serving_the_model_also_meets_the_constrai
     # ("Requested node configuration is not available").
     hook = runtime_for(tmp_path)
     listing = tmp_path / "published-features.txt"
-    comment = "aigc:type=infer,model=sd-m0016,vram=20G,share=yes"  # 40-shard job: a100 only
+    comment = "aigc:type=infer,model=sd-m0016,vram=10G,share=yes"  # 40-shard job: a100 only
     listing.write_text("model_sd-m0016 t4 vram16g\n")
     only_t4 = submit(hook, comment=comment, tres_per_node="gres:gpu:1")
     assert only_t4.accepted and only_t4.changes["features"] == (None, "a100")
