@@ -5,8 +5,9 @@
 Everything runs on GPU 0 of this machine through the agent's own NVML backend
 (`telemetry.nvml.NvmlBackend`), the code that runs on every GPU node:
 
-1. Poll cost: wall and CPU time of one `NvmlBackend.read()` (every GPU, its processes, NVLink),
-   and the NVML functions it spends it in.
+1. Poll cost: wall and CPU time of one `NvmlBackend.read()` (every GPU, its processes, NVLink)
+   on the idle GPU, the NVML functions it spends it in, and (at the end) its CPU time while
+   1 or 4 processes ran (per-process utilization is read only where processes share a GPU).
 2. Load profiles: for each workload below, run in its own process for `--seconds`, the GPU's
    SM utilization and power draw every 0.25 s (means in the table; the first second ramps up), the load's own process as NVML lists it
    (memory, per-process SM), and how `report.figures.DEFAULT_USEFUL_RULE` (the reclaim
@@ -127,11 +128,18 @@ def stop(child: subprocess.Popen[str] | None) -> None:
         child.wait(timeout=30)
 
 
+READ_MS: dict[str, list[float]] = {}  # CPU ms of each read() while sampling, by how many processes ran
+
+
 def sample(backend: NvmlBackend, seconds: float) -> list[NodeReading]:
     readings = []
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        readings.append(backend.read())
+        start = time.process_time()
+        reading = backend.read()
+        READ_MS.setdefault(f"{len(reading.gpus[0].processes)} process(es)", []).append(
+            (time.process_time() - start) * 1000)
+        readings.append(reading)
         time.sleep(POLL_S)
     return readings
 
@@ -212,9 +220,13 @@ def profile(backend: NvmlBackend, name: str, seconds: float) -> dict[str, Any]:
         "pid_seen": bool(own), "pids_listed": sorted({p.pid for g in gpus for p in g.processes}),
         "child_pid": child.pid if child else None,
         "proc_mem_mib_p50": statistics.median([p.used_memory_mib or 0.0 for p in own]) if own else None,
-        "proc_sm_p50": statistics.median([p.sm_util_pct for p in own if p.sm_util_pct is not None] or [float("nan")]) if own else None,
+        "proc_sm_p50": _median_or_none([p.sm_util_pct for p in own if p.sm_util_pct is not None]),
         "series": [(g.sm_util_pct, g.power_draw_w) for g in gpus],
     }
+
+
+def _median_or_none(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
 
 
 def taskprolog_env() -> dict[str, str]:
@@ -299,7 +311,8 @@ def main() -> int:
         row = profile(backend, name, args.seconds)
         profiles.append(row)
         own = ("-" if row["child_pid"] is None else
-               f"{row['proc_mem_mib_p50']:.0f}, {row['proc_sm_p50']}" if row["pid_seen"] else
+               f"{row['proc_mem_mib_p50']:.0f}, {row['proc_sm_p50'] if row['proc_sm_p50'] is not None else '- (alone)'}"
+               if row["pid_seen"] else
                f"pid {row['child_pid']} not listed; NVML lists {row['pids_listed']}")
         print(f"{name:<11} {row['sm_util_mean']:>5.0f} {row['power_w_mean']:>6.0f} {row['power_pct_mean'] or 0:>6.1f} "
               f"{row['fake_busy_share']:>5.2f} {row['useful_mean']:>6.0f}  {own}")
@@ -310,9 +323,11 @@ def main() -> int:
         memory = "-" if job["memory_mib_p50"] is None else f"{job['memory_mib_p50']:.0f} MiB"
         print(f"  {name:<10} {job['first_line'][:60]:<60} running={job['still_running']} samples={job['samples']} "
               f"memory={memory} verdict={job['verdict'] or '-'}")
+    print("\nNvmlBackend.read() CPU while sampling, by processes on GPU 0: " + ", ".join(
+        f"{key}: p50 {statistics.median(values):.2f} ms ({len(values)} reads)" for key, values in sorted(READ_MS.items())))
     backend.close()
     if args.json:
-        args.json.write_text(json.dumps({"gpu": gpu.name, "driver": first.driver_version, "poll": cost, "poll_breakdown": breakdown,
+        args.json.write_text(json.dumps({"gpu": gpu.name, "driver": first.driver_version, "poll": cost, "poll_breakdown": breakdown, "read_ms": READ_MS,
                                          "profiles": profiles, "memory_guard": guard}, indent=1, default=str))
     return 0
 

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import click
@@ -132,14 +132,19 @@ def watch_load(backend: Any, gpu_index: int, pid: int, timeout_s: float,
                clock: Callable[[], float] = time.monotonic, interval_s: float = 0.5) -> GpuProcess | None:
     """Poll the agent's backend until `pid` is on `gpu_index` with memory and an SM sample.
 
-    Returns the last sighting (possibly without utilization: the driver may keep no sample),
-    None when the pid never appeared before `timeout_s`.
+    A process alone on its GPU has no per-process sample (the backend asks only for shared
+    GPUs); it gets the GPU's SM, as attribution gives it, once that reads above 0. Returns the
+    last sighting (possibly without utilization: the driver may keep no sample), None when the
+    pid never appeared before `timeout_s`.
     """
     deadline = clock() + timeout_s
     seen: GpuProcess | None = None
     while True:
         gpu = next((g for g in backend.read().gpus if g.index == gpu_index), None)
         seen = next((p for p in (gpu.processes if gpu else ()) if p.pid == pid), seen)
+        if seen is not None and gpu is not None and seen.sm_util_pct is None and len(gpu.processes) == 1 \
+                and gpu.processes[0].pid == pid and gpu.sm_util_pct:
+            seen = replace(seen, sm_util_pct=gpu.sm_util_pct)
         if seen is not None and seen.used_memory_mib and seen.sm_util_pct is not None:
             return seen
         if clock() > deadline:

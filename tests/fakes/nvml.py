@@ -235,8 +235,10 @@ def field_unsupported() -> FakeMachine:
         "nvmlDeviceGetEnforcedPowerLimit": pynvml.NVML_ERROR_NO_PERMISSION,
         "nvmlDeviceGetProcessUtilization": pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
     }
-    gpus = tuple(replace(gpu, errors=dict(quirks)) for gpu in machine.gpus)
-    return replace(machine, name="field_unsupported", gpus=gpus)
+    gpus = [replace(gpu, errors=dict(quirks)) for gpu in machine.gpus]
+    # Two processes on GPU 2, so the poll asks for per-process utilization (and meets the quirk).
+    gpus[2] = replace(gpus[2], processes=(*gpus[2].processes, FakeProcess(778, 0, None)))
+    return replace(machine, name="field_unsupported", gpus=tuple(gpus))
 
 
 def old_bindings() -> FakeMachine:

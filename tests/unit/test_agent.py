@@ -246,7 +246,7 @@ def test_prometheus_metrics_per_gpu_and_per_tick() -> None:
     labels = {"node": "box", "gpu": "2"}
     assert metrics.value("slurm_aigc_gpu_memory_used_mib", labels) == 9000.0
     assert metrics.value("slurm_aigc_gpu_power_draw_w", labels) is None  # not supported: no sample, not 0
-    assert metrics.value("slurm_aigc_gpu_processes", labels) == 1.0
+    assert metrics.value("slurm_aigc_gpu_processes", labels) == 2.0  # 777 and 778 share GPU 2
     metrics.observe_tick(TickOutcome(0.25, ok=False, consecutive_failures=1))
     metrics.observe_tick(TickOutcome(0.05, ok=True, consecutive_failures=0))
     assert metrics.value("slurm_aigc_tick_errors_total", {"daemon": "agent"}) == 1.0

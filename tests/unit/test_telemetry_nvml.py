@@ -39,6 +39,16 @@ def test_dgx_a100_reads_every_field_with_units() -> None:
     assert reading.gpus[2].processes == ()
 
 
+def test_per_process_utilization_is_asked_only_where_processes_share_a_gpu() -> None:
+    source, nvml = backend(fakes.dgx_a100())
+    reading = source.read()
+    asked = [call for call in nvml.calls if call == "nvmlDeviceGetProcessUtilization"]
+    assert len(asked) == 1  # GPU 1 (two processes); not GPU 0 (one) nor the idle GPUs
+    (alone,) = reading.gpus[0].processes
+    assert (alone.pid, alone.used_memory_mib, alone.sm_util_pct) == (4242, 30720.0, None)
+    assert reading.gpus[0].sm_util_pct == 85.0  # the GPU's own figure, which a lone process gets
+
+
 def test_pcie_box_has_no_nvlink_and_process_util_unknown() -> None:
     reading = backend(fakes.pcie_l40s_x4())[0].read()
     assert all(g.nvlink == () for g in reading.gpus)
