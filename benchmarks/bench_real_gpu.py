@@ -62,6 +62,14 @@ JOB_SHARDS = 4  # the share the TaskProlog computes: 4/80 = 5 % of the GPU
 # Each workload: a program for `python -c`, argv[1] = seconds; it prints "ready" once its
 # memory is allocated so the sampling window covers only the steady state.
 _HEAD = "import sys, time, torch\nS = float(sys.argv[1])\n"
+# LLM decoding's shape: one weight matrix times BATCH token vectors (memory-bound at small batch).
+_DECODE = _HEAD + """w = torch.randn(16384, 16384, device="cuda", dtype=torch.bfloat16)
+v = torch.randn(16384, BATCH, device="cuda", dtype=torch.bfloat16); print("ready", flush=True)
+end = time.time() + S
+while time.time() < end:
+    for _ in range(50): v = (w @ v) / 128
+    torch.cuda.synchronize()
+"""
 WORKLOADS = {
     "idle": None,
     "spin": _HEAD + """torch.zeros(1, device="cuda"); print("ready", flush=True)
@@ -69,20 +77,8 @@ end = time.time() + S
 while time.time() < end:
     torch.cuda._sleep(50_000_000); torch.cuda.synchronize()
 """,
-    "decode-b1": _HEAD + """w = torch.randn(16384, 16384, device="cuda", dtype=torch.bfloat16)
-v = torch.randn(16384, 1, device="cuda", dtype=torch.bfloat16); print("ready", flush=True)
-end = time.time() + S
-while time.time() < end:
-    for _ in range(50): v = (w @ v) / 128
-    torch.cuda.synchronize()
-""",
-    "decode-b16": _HEAD + """w = torch.randn(16384, 16384, device="cuda", dtype=torch.bfloat16)
-v = torch.randn(16384, 16, device="cuda", dtype=torch.bfloat16); print("ready", flush=True)
-end = time.time() + S
-while time.time() < end:
-    for _ in range(50): v = (w @ v) / 128
-    torch.cuda.synchronize()
-""",
+    "decode-b1": _DECODE.replace("BATCH", "1"),
+    "decode-b16": _DECODE.replace("BATCH", "16"),
     "matmul": _HEAD + """a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16); print("ready", flush=True)
 end = time.time() + S
 while time.time() < end:
