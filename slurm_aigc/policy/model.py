@@ -77,10 +77,11 @@ class ShardRule:
     # A class (or a job's learned SM) above this is never shared: at most one such job fits a
     # GPU anyway, and a whole GPU is then the honest request.
     max_sm: float = 0.5
-    # Nice the hook gives a job it shards (<= 0: ahead in the queue), unless the user set one. With
+    # Nice the hook gives a job it shards (< 0: ahead in the queue), unless the user set one. With
     # priority/basic one point is one place in the queue; multifactor sites weigh it against
-    # their PriorityWeight* (docs/hook.md).
-    nice: int = -100
+    # their PriorityWeight* (docs/hook.md). Off: -100 cut shard jobs' waits by a quarter but cost
+    # 10-20 % of the work completed in the 16-node benchmark (docs/benchmarks.md).
+    nice: int = 0
 
 
 @dataclass(frozen=True)

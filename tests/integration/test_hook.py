@@ -49,6 +49,7 @@ def hook_installed(cluster: Any, published: Path) -> Iterator[Path]:
     document["rewrites"]["model_prefer"]["published_features_file"] = str(published)
     document["rewrites"]["model_prefer"]["refresh_seconds"] = 0
     document["classes"]["imagegen"]["time_minutes"] = 90
+    document["rewrites"]["shard"]["nice"] = -100  # off by default; on here, so slurmctld's use of it is tested
     with hook_with_policy(cluster, document, published.parent / "policy.yaml") as policy_file:
         yield policy_file
 

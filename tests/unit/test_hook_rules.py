@@ -64,9 +64,10 @@ def test_small_inference_becomes_shards_on_types_where_it_fits(hook: HookRuntime
     assert result.changes["features"] == (None, "a100")
 
 
-def test_a_sharded_job_goes_ahead_in_the_queue_unless_its_user_chose_a_nice(hook: HookRuntime) -> None:
+def test_a_sharded_job_goes_ahead_in_the_queue_unless_its_user_chose_a_nice(tmp_path: Path) -> None:
+    hook = runtime_for(tmp_path, **{"rewrites.shard": {"nice": -100}})
     sharded = submit(hook, comment="aigc:type=infer,vram=6G", tres_per_node="gres:gpu:1")
-    assert sharded.changes["nice"] == (None, NICE_OFFSET - 100)  # the shipped -100; None: unset (NO_VAL)
+    assert sharded.changes["nice"] == (None, NICE_OFFSET - 100)  # None: unset (NO_VAL)
     assert any("nice -100" in message for message in sharded.messages)
     polite = submit(hook, comment="aigc:type=infer,vram=6G", tres_per_node="gres:gpu:1", nice=NICE_OFFSET + 50)
     assert "nice" not in polite.changes and polite.changes["tres_per_node"][1] == "gres:shard:8"
@@ -76,8 +77,7 @@ def test_a_sharded_job_goes_ahead_in_the_queue_unless_its_user_chose_a_nice(hook
     assert "nice" not in train.changes
 
 
-def test_shard_nice_zero_leaves_the_queue_order_alone(tmp_path: Path) -> None:
-    hook = runtime_for(tmp_path, **{"rewrites.shard": {"nice": 0}})
+def test_the_shipped_shard_nice_zero_leaves_the_queue_order_alone(hook: HookRuntime) -> None:
     result = submit(hook, comment="aigc:type=infer,vram=6G", tres_per_node="gres:gpu:1")
     assert result.changes["tres_per_node"][1] == "gres:shard:8" and "nice" not in result.changes
 
@@ -329,7 +329,7 @@ def test_every_rewrite_is_logged_with_the_aigc_tag_and_told_to_the_user(hook: Ho
     result = submit(hook, comment="aigc:type=infer,vram=20G", tres_per_node="gres:gpu:1")
     logged = result.logged("log")
     rewrites = set(result.changes) - {"admin_comment"}  # the stamp is no rewrite of the user's request
-    assert len(logged) == len(rewrites) == 3  # shards, their type, and the nice that puts them ahead
+    assert len(logged) == len(rewrites) == 2
     assert all(line.startswith("aigc: rewrite ") for line in logged)
     assert len(result.messages) == len(rewrites)
 
