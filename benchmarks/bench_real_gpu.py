@@ -9,8 +9,8 @@ Everything runs on GPU 0 of this machine through the agent's own NVML backend
    on the idle GPU, the NVML functions it spends it in, and (at the end) its CPU time while
    1 or 4 processes ran (per-process utilization is read only where processes share a GPU).
 2. Load profiles: for each workload below, run in its own process for `--seconds`, the GPU's
-   SM utilization and power draw every 0.25 s (means in the table; the first second ramps up), the load's own process as NVML lists it
-   (memory, per-process SM), and how `report.figures.DEFAULT_USEFUL_RULE` (the reclaim
+   SM utilization and power draw every 0.25 s (means in the table; the first second ramps
+   up), the load's own process as NVML lists it (memory; per-process SM where shared), and how `report.figures.DEFAULT_USEFUL_RULE` (the reclaim
    detector's fake-busy rule: SM >= 95 % at <= 30 % of the power limit) classes each sample.
    - idle: nothing runs;
    - spin: `torch.cuda._sleep`, one thread spinning on the clock (a hung kernel: busy, no work);
@@ -39,6 +39,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -107,21 +108,32 @@ time.sleep(float(sys.argv[1]))
 """
 
 
-def start(code: str, argv: Sequence[str], env: dict[str, str] | None = None, wrapper: str | None = None) -> subprocess.Popen[str]:
-    """A child running `code` (through `wrapper` when given); returns once it printed its first line."""
-    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as handle:
-        handle.write(code)
-    command = [sys.executable] + ([wrapper] if wrapper else []) + [handle.name, *argv]
-    child = subprocess.Popen(command, env=dict(os.environ, **(env or {})), stdout=subprocess.PIPE, text=True)
-    assert child.stdout is not None
-    child.first_line = child.stdout.readline().strip()  # type: ignore[attr-defined]
-    return child
+@dataclass
+class Child:
+    """A workload process and the first line it printed ("ready", or "oom ...")."""
+
+    process: subprocess.Popen[str]
+    first_line: str
 
 
-def stop(child: subprocess.Popen[str] | None) -> None:
-    if child is not None and child.poll() is None:
-        child.terminate()
-        child.wait(timeout=30)
+def start(code: str, argv: Sequence[str], scratch: Path, env: dict[str, str] | None = None,
+          wrapper: str | None = None) -> Child:
+    """A child running `code` from a file in `scratch` (the wrapper runs a script path), through
+    `wrapper` when given; returns once it printed its first line."""
+    handle, name = tempfile.mkstemp(suffix=".py", dir=scratch)
+    os.close(handle)
+    script = Path(name)
+    script.write_text(code)
+    command = [sys.executable] + ([wrapper] if wrapper else []) + [str(script), *argv]
+    process = subprocess.Popen(command, env=dict(os.environ, **(env or {})), stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    return Child(process, process.stdout.readline().strip())
+
+
+def stop(child: Child | None) -> None:
+    if child is not None and child.process.poll() is None:
+        child.process.terminate()
+        child.process.wait(timeout=30)
 
 
 READ_MS: dict[str, list[float]] = {}  # CPU ms of each read() while sampling, by how many processes ran
@@ -194,9 +206,9 @@ def poll_breakdown(node: str, polls: int = 50) -> list[tuple[str, float, float]]
                   key=lambda row: -row[1])
 
 
-def profile(backend: NvmlBackend, name: str, seconds: float) -> dict[str, Any]:
+def profile(backend: NvmlBackend, name: str, seconds: float, scratch: Path) -> dict[str, Any]:
     code = WORKLOADS[name]
-    child = start(code, [str(seconds + 2)]) if code else None
+    child = start(code, [str(seconds + 2)], scratch) if code else None
     try:
         readings = sample(backend, seconds)
     finally:
@@ -207,14 +219,14 @@ def profile(backend: NvmlBackend, name: str, seconds: float) -> dict[str, Any]:
     limit = gpus[-1].power_limit_w
     fake = [DEFAULT_USEFUL_RULE.is_fake_busy(g.sm_util_pct or 0.0, g.power_draw_w, g.power_limit_w) for g in gpus]
     useful = [DEFAULT_USEFUL_RULE.useful_pct(g.sm_util_pct, g.power_draw_w, g.power_limit_w) or 0.0 for g in gpus]
-    own = [p for g in gpus for p in g.processes if child is not None and p.pid == child.pid]
+    own = [p for g in gpus for p in g.processes if child is not None and p.pid == child.process.pid]
     return {
         "workload": name, "samples": len(gpus), "sm_util_mean": statistics.fmean(util),
         "power_w_mean": statistics.fmean(power), "power_limit_w": limit,
         "power_pct_mean": 100 * statistics.fmean(power) / limit if limit else None,
         "fake_busy_share": sum(fake) / len(fake), "useful_mean": statistics.fmean(useful),
         "pid_seen": bool(own), "pids_listed": sorted({p.pid for g in gpus for p in g.processes}),
-        "child_pid": child.pid if child else None,
+        "child_pid": child.process.pid if child else None,
         "proc_mem_mib_p50": statistics.median([p.used_memory_mib or 0.0 for p in own]) if own else None,
         "proc_sm_p50": _median_or_none([p.sm_util_pct for p in own if p.sm_util_pct is not None]),
         "series": [(g.sm_util_pct, g.power_draw_w) for g in gpus],
@@ -225,11 +237,11 @@ def _median_or_none(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def taskprolog_env() -> dict[str, str]:
+def taskprolog_env(scratch: Path) -> dict[str, str]:
     """The shipped TaskProlog's exports for a job with JOB_SHARDS of SHARDS_PER_GPU shards."""
-    with tempfile.NamedTemporaryFile("w", delete=False) as handle:
-        handle.write(f"{SHARDS_PER_GPU}\n")
-    env = dict(os.environ, SLURM_SHARDS_ON_NODE=str(JOB_SHARDS), SLURM_AIGC_SHARDS_PER_GPU_FILE=handle.name)
+    per_gpu = scratch / "shards-per-gpu"
+    per_gpu.write_text(f"{SHARDS_PER_GPU}\n")
+    env = dict(os.environ, SLURM_SHARDS_ON_NODE=str(JOB_SHARDS), SLURM_AIGC_SHARDS_PER_GPU_FILE=str(per_gpu))
     done = subprocess.run([sys.executable, str(ROOT / "daemon/slurm-aigc-taskprolog")], env=env,
                           capture_output=True, text=True, check=True)
     exports = {}
@@ -239,23 +251,23 @@ def taskprolog_env() -> dict[str, str]:
     return exports
 
 
-def memory_guard(backend: NvmlBackend, seconds: float) -> dict[str, Any]:
-    exports = taskprolog_env()
+def memory_guard(backend: NvmlBackend, seconds: float, scratch: Path) -> dict[str, Any]:
+    exports = taskprolog_env(scratch)
     total_mib = gpu0(backend.read()).memory_total_mib or 0.0
     limit_mib = total_mib * JOB_SHARDS / SHARDS_PER_GPU
-    children: dict[str, subprocess.Popen[str]] = {}
+    children: dict[str, Child] = {}
     hold = str(seconds + 30)
     try:
-        children["neighbour"] = start(ALLOC, [hold, "5"], exports)
-        children["capped"] = start(ALLOC, [hold, "12"], exports, wrapper=str(ROOT / "daemon/slurm-aigc-torchlimit"))
-        children["hog"] = start(ALLOC, [hold, "12"], exports)
-        children["jax"] = start(JAX, [hold], exports)
+        children["neighbour"] = start(ALLOC, [hold, "5"], scratch, exports)
+        children["capped"] = start(ALLOC, [hold, "12"], scratch, exports, wrapper=str(ROOT / "daemon/slurm-aigc-torchlimit"))
+        children["hog"] = start(ALLOC, [hold, "12"], scratch, exports)
+        children["jax"] = start(JAX, [hold], scratch, exports)
         readings = sample(backend, seconds)
-        alive = {name: child.poll() is None for name, child in children.items()}
+        alive = {name: child.process.poll() is None for name, child in children.items()}
     finally:
         for child in children.values():
             stop(child)
-    pid_jobs: dict[int, str | None] = {child.pid: name for name, child in children.items()}
+    pid_jobs: dict[int, str | None] = {child.process.pid: name for name, child in children.items()}
     series: dict[str, list[Sample]] = {name: [] for name in children}
     for reading in readings:
         ts = reading.ts.timestamp()
@@ -269,12 +281,35 @@ def memory_guard(backend: NvmlBackend, seconds: float) -> dict[str, Any]:
                            (GpuSeries(backend.node, 0, tuple(samples)),) if samples else ())
         verdict = judge_memory(window, limit_mib, 3, now, 10.0, allowance_mib=ReclaimConfig().over_memory_allowance_mib)
         out["jobs"][name] = {
-            "first_line": child.first_line,  # type: ignore[attr-defined]
+            "first_line": child.first_line,
             "still_running": alive[name], "samples": len(samples),
             "memory_mib_p50": statistics.median([s.memory_used_mib or 0.0 for s in samples]) if samples else None,
             "verdict": verdict.reason if verdict else None,
         }
     return out
+
+
+def measure(backend: NvmlBackend, seconds: float, scratch: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Parts 2 and 3, printed as they go; returns the profiles and the memory-guard result."""
+    profiles = []
+    print(f"\n{'workload':<11} {'SM %':>5} {'W':>6} {'% lim':>6} {'fake':>5} {'useful':>6}  own process (MiB, SM %)")
+    for name in WORKLOADS:
+        row = profile(backend, name, seconds, scratch)
+        profiles.append(row)
+        own = ("-" if row["child_pid"] is None else
+               f"{row['proc_mem_mib_p50']:.0f}, {row['proc_sm_p50'] if row['proc_sm_p50'] is not None else '- (alone)'}"
+               if row["pid_seen"] else
+               f"pid {row['child_pid']} not listed; NVML lists {row['pids_listed']}")
+        print(f"{name:<11} {row['sm_util_mean']:>5.0f} {row['power_w_mean']:>6.0f} {row['power_pct_mean'] or 0:>6.1f} "
+              f"{row['fake_busy_share']:>5.2f} {row['useful_mean']:>6.0f}  {own}")
+    guard = memory_guard(backend, seconds, scratch)
+    print(f"\nmemory guard: TaskProlog exports {guard['exports']}; shards' limit {guard['limit_mib'] / 1024:.2f} GiB "
+          f"of {guard['gpu_total_mib'] / 1024:.1f}")
+    for name, job in guard["jobs"].items():
+        memory = "-" if job["memory_mib_p50"] is None else f"{job['memory_mib_p50']:.0f} MiB"
+        print(f"  {name:<10} {job['first_line'][:60]:<60} running={job['still_running']} samples={job['samples']} "
+              f"memory={memory} verdict={job['verdict'] or '-'}")
+    return profiles, guard
 
 
 def main() -> int:
@@ -301,30 +336,15 @@ def main() -> int:
     breakdown = poll_breakdown(backend.node)
     print("  per poll: " + ", ".join(f"{name.removeprefix('nvmlDevice')} {ms:.2f} ms ({calls:g}x)"
                                      for name, ms, calls in breakdown[:6]))
-    profiles = []
-    print(f"\n{'workload':<11} {'SM %':>5} {'W':>6} {'% lim':>6} {'fake':>5} {'useful':>6}  own process (MiB, SM %)")
-    for name in WORKLOADS:
-        row = profile(backend, name, args.seconds)
-        profiles.append(row)
-        own = ("-" if row["child_pid"] is None else
-               f"{row['proc_mem_mib_p50']:.0f}, {row['proc_sm_p50'] if row['proc_sm_p50'] is not None else '- (alone)'}"
-               if row["pid_seen"] else
-               f"pid {row['child_pid']} not listed; NVML lists {row['pids_listed']}")
-        print(f"{name:<11} {row['sm_util_mean']:>5.0f} {row['power_w_mean']:>6.0f} {row['power_pct_mean'] or 0:>6.1f} "
-              f"{row['fake_busy_share']:>5.2f} {row['useful_mean']:>6.0f}  {own}")
-    guard = memory_guard(backend, args.seconds)
-    print(f"\nmemory guard: TaskProlog exports {guard['exports']}; shards' limit {guard['limit_mib'] / 1024:.2f} GiB "
-          f"of {guard['gpu_total_mib'] / 1024:.1f}")
-    for name, job in guard["jobs"].items():
-        memory = "-" if job["memory_mib_p50"] is None else f"{job['memory_mib_p50']:.0f} MiB"
-        print(f"  {name:<10} {job['first_line'][:60]:<60} running={job['still_running']} samples={job['samples']} "
-              f"memory={memory} verdict={job['verdict'] or '-'}")
+    with tempfile.TemporaryDirectory(prefix="bench_real_gpu-") as temp:
+        profiles, guard = measure(backend, args.seconds, Path(temp))
     print("\nNvmlBackend.read() CPU while sampling, by processes on GPU 0: " + ", ".join(
         f"{key}: p50 {statistics.median(values):.2f} ms ({len(values)} reads)" for key, values in sorted(READ_MS.items())))
     backend.close()
     if args.json:
-        args.json.write_text(json.dumps({"gpu": gpu.name, "driver": first.driver_version, "poll": cost, "poll_breakdown": breakdown, "read_ms": READ_MS,
-                                         "profiles": profiles, "memory_guard": guard}, indent=1, default=str))
+        args.json.write_text(json.dumps({"gpu": gpu.name, "driver": first.driver_version, "poll": cost,
+                                         "poll_breakdown": breakdown, "read_ms": READ_MS, "profiles": profiles,
+                                         "memory_guard": guard}, indent=1, default=str))
     return 0
 
 
