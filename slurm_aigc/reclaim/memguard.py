@@ -9,10 +9,10 @@ the verdict is per job, and a memory hog cannot get a neighbour judged.
 Per node, the job's memory at one poll is the sum over its GPUs there (one poll writes one
 timestamp per node). The job is `over_memory` when the newest `samples_needed` polls in a
 row are all above its limit (its shards on that node x GiB per shard, plus `allowance_mib`
-for each of its GPUs there), without a gap longer
-than `gap_s` between them, the newest one fresh. An unreadable reading (None/NaN) or a gap
-ends the run, so missing data never condemns a job. There is no start-up grace: a job that
-overflows while loading harms its neighbours just the same.
+for each of its GPUs there), without a gap longer than `gap_s` between them, the newest one
+fresh. An unreadable reading (None/NaN) or a gap ends the run, so missing data never condemns
+a job. There is no start-up grace: a job that overflows while loading harms its neighbours
+just the same.
 
 The allowance is there because the frameworks' memory fractions (the TaskProlog's exports)
 cap their allocators, not the CUDA context each process holds besides: on an H200 (driver
@@ -64,17 +64,16 @@ def judge_memory(
         gpus = sum(1 for series in window.series if series.node == node)
         run = trailing_over(points, limit_mib + allowance_mib * gpus, gap_s)
         if len(run) >= samples_needed and now_ts - run[-1][0] <= gap_s:
-            return _verdict(window, node, run, limit_mib, allowance_mib * gpus, now_ts)
+            return _verdict(window, node, gpus, run, limit_mib, allowance_mib * gpus, now_ts)
     return None
 
 
-def _verdict(window: JobWindow, node: str, run: Sequence[tuple[float, float]], limit_mib: float,
+def _verdict(window: JobWindow, node: str, gpus: int, run: Sequence[tuple[float, float]], limit_mib: float,
              allowance_mib: float, now_ts: float) -> Verdict:
     meta = window.meta
     peak = max(mib for _, mib in run)
     reason = (f"its processes use {peak / 1024:.1f} GiB of GPU memory on {node}, above its shards' "
               f"{limit_mib / 1024:.1f} GiB (+ {allowance_mib / 1024:.1f} GiB allowed for CUDA contexts), "
               f"for {len(run)} samples in a row")
-    gpus = sum(1 for s in window.series if s.node == node)
     return Verdict(meta.job_id, meta.job_class, OVER_MEMORY, reason, now_ts, run[-1][0] - run[0][0], run[0][0],
                    gpus, None, ())
