@@ -135,7 +135,7 @@ class HookSettings:
 
 # --------------------------------------------------------------------------- reclaim
 
-VERDICTS = ("idle", "memory_held", "fake_busy", "over_allocated", "over_memory")
+VERDICTS = ("idle", "memory_held", "fake_busy", "over_allocated", "over_memory", "gpu_conflict")
 ACTIONS = ("notify", "signal", "requeue", "shrink", "cancel")
 UNCLASSIFIED = "unclassified"
 
@@ -148,6 +148,9 @@ def _default_ladder() -> Mapping[str, tuple[str, ...]]:
         "over_allocated": ("notify", "shrink"),
         # A shard job over its shards' GiB starves its neighbours: requeue it, never them.
         "over_memory": ("notify", "requeue"),
+        # A shard job on a GPU Slurm 22.05 also gave whole to another job (reclaim/gpuconflict.py):
+        # requeue it at once, before either runs out of memory.
+        "gpu_conflict": ("requeue",),
     }
 
 

@@ -50,6 +50,7 @@ _ALLOWED_ACTIONS = {
     "fake_busy": {"notify", "signal", "requeue", "cancel"},
     "over_allocated": {"notify", "signal", "shrink"},
     "over_memory": {"notify", "signal", "requeue", "cancel"},
+    "gpu_conflict": {"notify", "requeue"},
 }
 # Signals the `signal` rung may send while cancelling is off. USR1/USR2 terminate by default
 # too, but they exist to be handled by the program, and the rung signals only jobs that said

@@ -41,6 +41,7 @@ from slurm_aigc.reclaim.detect import (
     detect,
     no_samples_verdict,
 )
+from slurm_aigc.reclaim.gpuconflict import judge_conflicts
 from slurm_aigc.reclaim.jobs import (
     is_gpu_job,
     job_facts,
@@ -279,6 +280,7 @@ class Controller:
         # The publisher's latest node listing, and the one last taken from it (by identity).
         self._nodes_seen = nodes_seen
         self._seen_used: Sequence[NodeInfo] | None = None
+        self._conflicts_seen: set[str] = set()
 
     def set_config(self, config: ReclaimConfig) -> None:
         """Use a new, already validated config from the next tick on (SIGHUP)."""
@@ -304,7 +306,7 @@ class Controller:
         batch = batch_from_rows(metas, rows)
         verdicts = detect(batch, self.config.classes, self.config.defaults, now, self.config.gap_s)
         found = self._guard_memory(now, jobs, metas, gib, with_missing(verdicts, metas, self.config, now))
-        return self._plan(now, newest, jobs, facts, found)
+        return self._plan(now, newest, jobs, facts, self._guard_conflicts(now, metas, found))
 
     def tick(self) -> TickReport:
         """One cycle: reclaim, then the publisher; the first error is raised after both ran.
@@ -390,6 +392,19 @@ class Controller:
                 verdicts[found.job_id] = found
         return verdicts
 
+    def _guard_conflicts(self, now: float, metas: Mapping[str, JobMeta],
+                         verdicts: dict[str, Verdict]) -> dict[str, Verdict]:
+        """Shard jobs on a GPU another job holds whole become `gpu_conflict` (it wins over the rest).
+
+        Read from this tick's job listing (`gres_detail`): no query of its own.
+        """
+        listing = self._listing or ()
+        conflicts = judge_conflicts(listing, metas, now) if any(uses_shards(j) for j in listing) else {}
+        for job_id in conflicts.keys() - self._conflicts_seen:  # once per conflict, not every tick
+            LOG.warning("job %s: %s", job_id, conflicts[job_id].reason)
+        self._conflicts_seen = set(conflicts)
+        return verdicts | conflicts
+
     def _snapshot(self) -> tuple[float, list[JobInfo], float | None]:
         now = self._clock()
         self._listing = self._slurm.jobs()
@@ -432,7 +447,7 @@ class Controller:
         tracked = {job_id: meta for known in [self._tracker.jobs()] for job_id, meta in metas.items() if job_id in known}
         verdicts = self._tracker.verdicts(tracked, self.config, now)
         found = self._guard_memory(now, jobs, metas, gib, with_missing(verdicts, metas, self.config, now))
-        return self._plan(now, newest, jobs, facts, found)
+        return self._plan(now, newest, jobs, facts, self._guard_conflicts(now, metas, found))
 
     def _late_rows(self, known: set[str], now: float) -> list[SampleRow]:
         """Rows of `known` jobs below the watermark that no tick has read: on a server database

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from slurm_aigc.reclaim.config import ReclaimConfig
 from slurm_aigc.reclaim.detect import Verdict
+from slurm_aigc.reclaim.gpuconflict import GPU_CONFLICT
 from slurm_aigc.tags import UNKNOWN_CLASS, trusted_class, trusted_opt_out, trusted_tags
 
 ADMIN_COMMENT_TAG = "aigc-reclaim:"
@@ -190,7 +191,8 @@ def plan_job(
     if step is None:
         return Wait(facts.job_id, f"{verdict.kind}: ladder finished for this run of the job{passed}")
     index, action = step
-    ready_at = _cooldown_end(facts, mine, config)
+    # The cool-down gives a user time between our steps; a GPU conflict harms its other job now.
+    ready_at = None if verdict.kind == GPU_CONFLICT else _cooldown_end(facts, mine, config)
     if ready_at is not None and now_ts < ready_at:
         return Wait(facts.job_id, f"cool-down after the previous step ({ready_at - now_ts:.0f}s left){passed}",
                     action, ready_at)
@@ -229,7 +231,9 @@ def _planned(verdict: Verdict, facts: JobFacts, index: int, action: str, dry: bo
     # Requeue/cancel free the shards too; a shrink frees whole GPUs only.
     freed = facts.gpus - gpus_after + (facts.shard_gpus if action in {"requeue", "cancel"} else 0.0)
     remaining_s = None if facts.limit_end_ts is None else max(0.0, facts.limit_end_ts - now_ts)
-    recovered = freed * remaining_s / 3600.0 if freed and remaining_s is not None else None
+    # A conflict's requeue ends no waste: the GPU goes to the job that already holds it whole.
+    wasted = verdict.kind != GPU_CONFLICT
+    recovered = freed * remaining_s / 3600.0 if wasted and freed and remaining_s is not None else None
     return PlannedAction(
         observation_key=observation_key(facts.job_id, facts.restarts, verdict.kind, index, action, dry),
         job_id=facts.job_id,

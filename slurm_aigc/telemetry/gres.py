@@ -103,6 +103,20 @@ def job_gpu_indices(job: JobInfo, node: str) -> frozenset[int]:
     return frozenset().union(*(gres_indices(gres) for name, gres in job.gres_detail if name == node))
 
 
+def job_whole_and_shard_gpus(job: JobInfo) -> dict[str, tuple[frozenset[int], frozenset[int]]]:
+    """Per node, (GPU indices `job` holds whole, GPU indices it holds through shards), from `gres_detail`."""
+    held: dict[str, tuple[frozenset[int], frozenset[int]]] = {}
+    for node, gres in job.gres_detail:
+        whole, shards = held.get(node, (frozenset(), frozenset()))
+        for name, _count, detail in map(_gres_parts, split_gres(gres)):
+            if name == "gpu":
+                whole |= used_indices(detail)
+            elif name == "shard":
+                shards |= used_indices(detail)
+        held[node] = (whole, shards)
+    return held
+
+
 def alloc_tres_gpus(alloc_tres: str) -> int:
     """GPUs allocated on a node from `AllocTRES=cpu=4,gres/gpu=2,gres/gpu:a100=2` (0 when absent)."""
     match = re.search(r"(?:^|,)gres/gpu=(\d+)", alloc_tres)

@@ -24,7 +24,7 @@ GIB = 1024.0
 CONFIG = ReclaimConfig(dry_run=False, poll_interval_s=10.0, cooldown_s=30.0, over_memory_samples=3,
                        defaults=ClassPolicy(grace_s=10.0, window_s=60.0, min_samples=3),
                        shards_per_gpu={"a100": 80}, gib_per_shard={"a100": 1.0})
-NODES = {"a100-01": "gpu:a100:1(S:0),shard:a100:80(S:0)"}
+NODES = {"a100-01": "gpu:a100:2(S:0),shard:a100:160(S:0)"}
 
 
 def window(memory_gib: list[float | None], step: float = 10.0, gpus: int = 1) -> JobWindow:
@@ -109,10 +109,10 @@ def make(url: str, fake: FakeSlurm, now: float, config: ReclaimConfig = CONFIG) 
 
 
 def neighbours() -> FakeSlurm:
-    """Job 1 (hog) and job 2 (neighbour), 20 shards each on the same a100; job 3 holds a whole GPU."""
+    """Job 1 (hog) and job 2 (neighbour), 20 shards each on a100 0; job 3 holds a100 1 whole."""
     jobs = {"1": FakeJob("1", shards=20, admin_comment="aigc_class=infer"),
             "2": FakeJob("2", shards=20, admin_comment="aigc_class=infer"),
-            "3": FakeJob("3", gpus=1)}
+            "3": FakeJob("3", gpus=1, gres_detail="gpu:a100:1(IDX:1)")}
     return FakeSlurm([FakeNode(name, gres=gres) for name, gres in NODES.items()], jobs=jobs)
 
 

@@ -1,0 +1,121 @@
+"""GPU conflicts: a shard job on a GPU Slurm also gave whole to another job is requeued, the other kept.
+
+The listings are the ones Slurm 22.05.8 printed when it gave GPU 3 of t4-01 whole to a job while
+a shard job still ran on it (tests/integration/test_slurm_shards.py reproduces it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurm_aigc.db import open_database
+from slurm_aigc.errors import ConfigError
+from slurm_aigc.reclaim.config import ClassPolicy, ReclaimConfig, parse_reclaim_section
+from slurm_aigc.reclaim.controller import Controller
+from slurm_aigc.reclaim.detect import JobMeta
+from slurm_aigc.reclaim.gpuconflict import GPU_CONFLICT, judge_conflicts
+from slurm_aigc.reclaim.ladder import PlannedAction
+from slurm_aigc.reclaim.store import ReclaimStore
+from slurm_aigc.slurm import SlurmCli
+from slurm_aigc.slurmrecords import JobInfo
+from slurm_aigc.validation import Node
+from tests.fakes.slurm import FakeJob, FakeNode, FakeSlurm
+
+from .test_reclaim_controller import START, Clock
+from .test_reclaim_memguard import add
+
+CONFIG = ReclaimConfig(dry_run=False, poll_interval_s=10.0, cooldown_s=600.0,
+                       defaults=ClassPolicy(grace_s=10.0, window_s=60.0, min_samples=3),
+                       shards_per_gpu={"t4": 16}, gib_per_shard={"t4": 1.0})
+
+
+def job(job_id: str, detail: str, node: str = "t4-01", state: str = "RUNNING") -> JobInfo:
+    return JobInfo(job_id=job_id, name="j", user="u", account="a", partition="p", qos="normal", state=state,
+                   reason="None", node_list=node, batch_flag=True, requeue=True, restarts=0, submit_time=None,
+                   start_time=None, end_time=None, time_limit_s=None, comment="", admin_comment="",
+                   tres_per_node="", alloc_tres="", num_nodes=1, features="", fields={},
+                   gres_detail=((node, detail),) if state == "RUNNING" else ())
+
+
+def judged(jobs: list[JobInfo]) -> dict[str, str]:
+    metas = {j.job_id: JobMeta(j.job_id, "infer", START) for j in jobs}
+    return {job_id: v.reason for job_id, v in judge_conflicts(jobs, metas, START).items()}
+
+
+@pytest.mark.parametrize("shard_detail", ["shard:8(IDX:3)", "shard:t4:8(0/16,0/16,0/16,8/16)"],
+                         ids=["22.05", "24.11"])
+def test_the_shard_job_on_a_gpu_another_job_holds_whole_is_judged(shard_detail: str) -> None:
+    jobs = [job("3041", "gpu:t4:1(IDX:0)"), job("3044", shard_detail), job("3046", "gpu:t4:1(IDX:3)"),
+            job("3050", "shard:8(IDX:2)")]
+    found = judged(jobs)
+    assert list(found) == ["3044"]  # never the whole-GPU job, never a shard job on a GPU of its own
+    assert "GPU 3 of t4-01" in found["3044"] and "whole to job 3046" in found["3044"]
+
+
+def test_only_the_same_gpu_of_the_same_node_of_running_jobs_conflicts() -> None:
+    assert judged([job("1", "gpu:t4:1(IDX:3)", node="t4-02"), job("2", "shard:8(IDX:3)")]) == {}
+    assert judged([job("1", "gpu:t4:1(IDX:3)", state="PENDING"), job("2", "shard:8(IDX:3)")]) == {}
+    assert judged([job("1", "gpu:t4:2(IDX:2-3)"), job("2", "shard:8(IDX:1)")]) == {}
+    assert list(judged([job("1", "gpu:t4:2(IDX:2-3)"), job("2", "shard:8(IDX:3)")])) == ["2"]
+
+
+def test_a_job_outside_the_controllers_scope_is_not_judged() -> None:
+    jobs = [job("1", "gpu:t4:1(IDX:3)"), job("2", "shard:8(IDX:3)")]
+    assert judge_conflicts(jobs, {"1": JobMeta("1", "train", START)}, START) == {}
+
+
+def conflict() -> FakeSlurm:
+    """Job 10 holds GPU 3 of t4-01 through shards; Slurm gave the same GPU whole to job 11."""
+    jobs = {"10": FakeJob("10", node="t4-01", gpu_type="t4", shards=8, gres_detail="shard:8(IDX:3)",
+                          admin_comment="aigc_class=infer"),
+            "11": FakeJob("11", node="t4-01", gpu_type="t4", gpus=1, gres_detail="gpu:t4:1(IDX:3)")}
+    return FakeSlurm([FakeNode("t4-01", gres="gpu:t4:4,shard:t4:64")], jobs=jobs)
+
+
+def make(url: str, fake: FakeSlurm, config: ReclaimConfig = CONFIG) -> Controller:
+    add(url, "10", START + 40.0, 4.0)  # fresh samples: a controller never acts on stale ones
+    return Controller(SlurmCli(runner=fake), ReclaimStore(open_database(url)), config, clock=Clock(START + 40.0))
+
+
+def test_the_shard_job_is_requeued_at_once_and_the_whole_gpu_job_kept(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    fake = conflict()
+    report = make(url, fake).tick()
+    assert [(r.job_id, r.action, r.state) for r in report.results] == [("10", "requeue", "done")]
+    assert fake.jobs["10"].restarts == 1 and fake.jobs["11"].state == "RUNNING" and fake.jobs["11"].restarts == 0
+    assert not any(c[-1] == "11" for c in fake.mutations())
+    (row,) = ReclaimStore(open_database(url)).audit()
+    assert row.observation_key == "10/r0/gpu_conflict/0:requeue"
+    assert row.gpu_hours_recovered is None  # the GPU goes to the job holding it: no waste ended
+
+
+def test_an_earlier_steps_cooldown_does_not_delay_it(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    fake = conflict()
+    store = ReclaimStore(open_database(url))  # a notify for idleness 10 s ago: its cool-down runs
+    row = store.record_intent(PlannedAction("10/r0/idle/0:notify", "10", "u", "a", "infer", "idle", "notify", 0, False,
+                                            0, 0, 0, None, "m"), {}, START + 30.0)
+    assert row is not None
+    store.record_outcome(row, "done", {}, START + 30.0)
+    report = make(url, fake).tick()
+    assert [(r.job_id, r.action) for r in report.results] == [("10", "requeue")]
+
+
+def test_dry_run_only_records(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    fake = conflict()
+    controller = make(url, fake)
+    controller.dry_run = True
+    assert {v.job.job_id: v.verdict.kind for v in controller.assess().views} == {"10": GPU_CONFLICT, "11": None}
+    report = controller.tick()
+    assert [(r.job_id, r.state) for r in report.results] == [("10", "skipped")] and fake.mutations() == []
+
+
+def test_its_ladder_requeues_by_default_and_may_only_notify_and_requeue() -> None:
+    assert parse_reclaim_section(Node("t.yaml", "reclaim", None)).defaults.ladder[GPU_CONFLICT] == ("requeue",)
+    for step in ("shrink", "signal", "cancel"):
+        section = {"cancel_enabled": True, "defaults": {"ladder": {GPU_CONFLICT: ["notify", step]}}}
+        with pytest.raises(ConfigError, match=rf"reclaim.defaults.ladder.gpu_conflict\[1\]: action '{step}' not allowed"):
+            parse_reclaim_section(Node("t.yaml", "reclaim", section))
