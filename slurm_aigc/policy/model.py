@@ -211,6 +211,10 @@ class ReclaimConfig:
     # ... and above them by more than this per GPU: the CUDA context every process holds outside
     # its framework's memory fraction (measured 0.5-0.6 GiB on an H200, memguard's docstring).
     over_memory_allowance_mib: float = 1024.0
+    # A shard job on a GPU Slurm 22.05 also gave whole to another job is `gpu_conflict` once the
+    # two jobs' memory there reaches this share of the GPU's (reclaim/gpuconflict.py says why not
+    # at once); 0: on every conflict.
+    gpu_conflict_memory_pct: float = 90.0
     # From the policy's `inventory` (not reclaim keys): shards into GPU-hours recovered, and
     # GiB per shard per GPU type (the memory a shard job may use: the memory guard's limit).
     shards_per_gpu: Mapping[str, int] = field(default_factory=dict)

@@ -84,6 +84,7 @@ def reclaim_section(node: Node) -> ReclaimConfig:
         classes=_reclaim_classes(section(node, "classes"), defaults),
         over_memory_samples=integer(node, "over_memory_samples", base.over_memory_samples, minimum=1),
         over_memory_allowance_mib=number(node, "over_memory_allowance_mib", base.over_memory_allowance_mib, minimum=0),
+        gpu_conflict_memory_pct=percent(node, "gpu_conflict_memory_pct", base.gpu_conflict_memory_pct),
     )
     _check_cancel(node, config)
     _check_signal(node, config)

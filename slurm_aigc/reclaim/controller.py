@@ -41,7 +41,7 @@ from slurm_aigc.reclaim.detect import (
     detect,
     no_samples_verdict,
 )
-from slurm_aigc.reclaim.gpuconflict import judge_conflicts
+from slurm_aigc.reclaim.gpuconflict import MIB_PER_GIB, Conflict, find_conflicts, judge_conflict
 from slurm_aigc.reclaim.jobs import (
     is_gpu_job,
     job_facts,
@@ -280,7 +280,7 @@ class Controller:
         # The publisher's latest node listing, and the one last taken from it (by identity).
         self._nodes_seen = nodes_seen
         self._seen_used: Sequence[NodeInfo] | None = None
-        self._conflicts_seen: set[str] = set()
+        self._conflicts_seen: set[Conflict] = set()
 
     def set_config(self, config: ReclaimConfig) -> None:
         """Use a new, already validated config from the next tick on (SIGHUP)."""
@@ -306,7 +306,7 @@ class Controller:
         batch = batch_from_rows(metas, rows)
         verdicts = detect(batch, self.config.classes, self.config.defaults, now, self.config.gap_s)
         found = self._guard_memory(now, jobs, metas, gib, with_missing(verdicts, metas, self.config, now))
-        return self._plan(now, newest, jobs, facts, self._guard_conflicts(now, metas, found))
+        return self._plan(now, newest, jobs, facts, self._guard_conflicts(now, metas, shards, gib, found))
 
     def tick(self) -> TickReport:
         """One cycle: reclaim, then the publisher; the first error is raised after both ran.
@@ -392,18 +392,37 @@ class Controller:
                 verdicts[found.job_id] = found
         return verdicts
 
-    def _guard_conflicts(self, now: float, metas: Mapping[str, JobMeta],
-                         verdicts: dict[str, Verdict]) -> dict[str, Verdict]:
-        """Shard jobs on a GPU another job holds whole become `gpu_conflict` (it wins over the rest).
+    def _guard_conflicts(self, now: float, metas: Mapping[str, JobMeta], shards_by_node: Mapping[str, int],
+                         gib_by_node: Mapping[str, float], verdicts: dict[str, Verdict]) -> dict[str, Verdict]:
+        """Shard jobs on a GPU another job holds whole, once the two fill its memory, become
+        `gpu_conflict` (it wins over the rest).
 
-        Read from this tick's job listing (`gres_detail`): no query of its own.
+        Found in this tick's job listing (`gres_detail`); only when there is one, the two jobs'
+        newest samples are read (their memory on that GPU).
         """
         listing = self._listing or ()
-        conflicts = judge_conflicts(listing, metas, now) if any(uses_shards(j) for j in listing) else {}
-        for job_id in conflicts.keys() - self._conflicts_seen:  # once per conflict, not every tick
-            LOG.warning("job %s: %s", job_id, conflicts[job_id].reason)
+        conflicts = find_conflicts(listing, metas.keys()) if any(uses_shards(j) for j in listing) else []
+        if not conflicts:
+            self._conflicts_seen = set()
+            return verdicts
+        rows = self._store.samples({c.job_id for c in conflicts} | {c.other for c in conflicts},
+                                   now - self.config.gap_s)
+        newest = {(r.job_id, r.node, r.gpu_index): r.memory_used_mib for r in rows}  # sorted by time
+        found = dict(verdicts)
+        for conflict in conflicts:
+            mine, other = (newest.get((job_id, conflict.node, conflict.index)) for job_id in (conflict.job_id, conflict.other))
+            memory = None if mine is None or other is None else mine + other
+            gpu_mib = shards_by_node.get(conflict.node, 0) * gib_by_node.get(conflict.node, 0.0) * MIB_PER_GIB
+            verdict = judge_conflict(conflict, metas[conflict.job_id].job_class, memory, gpu_mib,
+                                     self.config.gpu_conflict_memory_pct, now)
+            if conflict not in self._conflicts_seen:  # once per conflict, not every tick
+                LOG.warning("job %s shares GPU %d of %s with job %s, which Slurm gave it whole (a Slurm 22.05 "
+                            "defect): acting once their memory reaches %g %% of the GPU's", conflict.job_id,
+                            conflict.index, conflict.node, conflict.other, self.config.gpu_conflict_memory_pct)
+            if verdict is not None:
+                found[conflict.job_id] = verdict
         self._conflicts_seen = set(conflicts)
-        return verdicts | conflicts
+        return found
 
     def _snapshot(self) -> tuple[float, list[JobInfo], float | None]:
         now = self._clock()
@@ -447,7 +466,7 @@ class Controller:
         tracked = {job_id: meta for known in [self._tracker.jobs()] for job_id, meta in metas.items() if job_id in known}
         verdicts = self._tracker.verdicts(tracked, self.config, now)
         found = self._guard_memory(now, jobs, metas, gib, with_missing(verdicts, metas, self.config, now))
-        return self._plan(now, newest, jobs, facts, self._guard_conflicts(now, metas, found))
+        return self._plan(now, newest, jobs, facts, self._guard_conflicts(now, metas, shards, gib, found))
 
     def _late_rows(self, known: set[str], now: float) -> list[SampleRow]:
         """Rows of `known` jobs below the watermark that no tick has read: on a server database

@@ -8,50 +8,70 @@ job, promised the entire GPU, runs out of memory when they do not fit.
 
 Nothing we can do at submit time prevents it, and `scontrol reconfigure` (which rebuilds the
 GPU's accounting) also drops every feature and weight the publisher wrote. So the controller
-ends the conflict where it shows: in its own job listing (each job's `gres_detail`, read every
-tick, no extra RPC), a GPU held whole by one running job and through shards by another. The
-shard jobs on it get the `gpu_conflict` verdict (default ladder: requeue), not the whole-GPU
-job: requeuing the newcomer would only free the GPU for the next whole-GPU job to land on,
-each one requeued in turn until the shard job ended, while requeuing the shard job ends the
-conflict at once and leaves Slurm's accounting right again (checked on 22.05.8). The shard
-job restarts on another GPU.
+finds the conflict where it shows: in its own job listing (each job's `gres_detail`, read every
+tick, no extra RPC), a GPU held whole by one running job and through shards by another.
+
+It acts only once the two jobs' memory on that GPU (their newest samples, summed) reaches
+`memory_pct` of the GPU's memory, where the next allocation on it can fail. Acting on every
+conflict was measured to cost more than it saves: in a backlogged 16-node replay on 22.05 it
+requeued 17 shard jobs in 300 s (some three times), because in a busy cluster nearly every
+shard job whose partner on a GPU ends gets a whole-GPU job beside it, and most of those pairs
+fit in memory. The shard job is the one requeued, not the whole-GPU job: requeuing the
+newcomer would only free the GPU for the next whole-GPU job to land on, while requeuing the
+shard job ends the conflict and leaves Slurm's accounting right again (checked on 22.05.8).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 
-from slurm_aigc.reclaim.detect import JobMeta, Verdict
+from slurm_aigc.reclaim.detect import Verdict
 from slurm_aigc.slurmrecords import JobInfo
 from slurm_aigc.telemetry.gres import job_whole_and_shard_gpus
 
 GPU_CONFLICT = "gpu_conflict"
+MIB_PER_GIB = 1024.0
 
 
-def judge_conflicts(jobs: Sequence[JobInfo], metas: Mapping[str, JobMeta], now_ts: float) -> dict[str, Verdict]:
-    """`gpu_conflict` for each running job in `metas` holding shards of a GPU another running job holds whole."""
+@dataclass(frozen=True)
+class Conflict:
+    """Shard job `job_id` holds GPU `index` of `node`, which job `other` holds whole."""
+
+    job_id: str
+    node: str
+    index: int
+    other: str
+
+
+def find_conflicts(jobs: Sequence[JobInfo], judged: Collection[str]) -> list[Conflict]:
+    """One conflict per running job of `judged` holding shards of a GPU another running job holds whole."""
     running = [job for job in jobs if job.state == "RUNNING"]
     held = {job.job_id: job_whole_and_shard_gpus(job) for job in running}
-    whole_by: dict[tuple[str, int], str] = {}
-    for job_id, nodes in held.items():
-        for node, (whole, _shards) in nodes.items():
-            for index in whole:
-                whole_by.setdefault((node, index), job_id)
-    if not whole_by:
-        return {}
-    found: dict[str, Verdict] = {}
-    for job in running:
-        meta = metas.get(job.job_id)
-        if meta is None:
-            continue
-        clashes = sorted((node, index, other) for node, (_whole, shards) in held[job.job_id].items() for index in shards
-                         if (other := whole_by.get((node, index))) is not None and other != job.job_id)
+    whole_by = {(node, index): job_id for job_id, nodes in held.items()
+                for node, (whole, _shards) in nodes.items() for index in whole}
+    found = []
+    for job_id in sorted(held.keys() & set(judged)) if whole_by else ():
+        clashes = sorted((node, index, other) for node, (_whole, shards) in held[job_id].items() for index in shards
+                         if (other := whole_by.get((node, index))) is not None and other != job_id)
         if clashes:
-            node, index, other = clashes[0]
-            reason = (f"Slurm gave GPU {index} of {node}, which this job holds through shards, whole to job {other} "
-                      f"as well (a Slurm 22.05 defect, docs/hook.md): while both run, neither has the GPU memory "
-                      f"it was promised")
-            gpus = sum(len(shards) for _whole, shards in held[job.job_id].values())
-            found[job.job_id] = Verdict(job.job_id, meta.job_class, GPU_CONFLICT, reason, now_ts, 0.0, now_ts,
-                                        gpus, None, ())
+            found.append(Conflict(job_id, *clashes[0]))
     return found
+
+
+def judge_conflict(conflict: Conflict, job_class: str, memory_mib: float | None, gpu_mib: float, memory_pct: float,
+                   now_ts: float) -> Verdict | None:
+    """`gpu_conflict` once the two jobs' memory on the GPU reaches `memory_pct` % of `gpu_mib`.
+
+    `memory_mib` is None when either job has no fresh sample on that GPU: unknown never acts,
+    unless `memory_pct` is 0 (act on every conflict).
+    """
+    limit_mib = memory_pct / 100.0 * gpu_mib
+    if memory_pct > 0 and (memory_mib is None or gpu_mib <= 0 or memory_mib < limit_mib):
+        return None
+    used = "" if memory_mib is None or gpu_mib <= 0 else (
+        f", and the two use {memory_mib / MIB_PER_GIB:.1f} of its {gpu_mib / MIB_PER_GIB:.0f} GiB")
+    reason = (f"Slurm gave GPU {conflict.index} of {conflict.node}, which this job holds through shards, whole to "
+              f"job {conflict.other} as well (a Slurm 22.05 defect, docs/hook.md){used}: the next allocation "
+              f"on it can fail")
+    return Verdict(conflict.job_id, job_class, GPU_CONFLICT, reason, now_ts, 0.0, now_ts, 1, None, ())

@@ -16,7 +16,9 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import SLURM_AIGC_BIN
 from tests.integration.helpers import allocated_gpu_indices, submit, wait_for, wait_job_state
+from tests.integration.test_memguard import MEMGUARD_POLICY
 from tests.integration.test_reclaim import Reclaim, finished, reclaim, running
 
 pytestmark = pytest.mark.cluster
@@ -25,15 +27,18 @@ __all__ = ["reclaim"]  # the fixture, used by name
 SLEEP = "sleep 120\n"
 
 
-def one_shard_job_left(cluster: Any, jobs: list[str], *requeue: str) -> tuple[str, str, str, list[int]]:
-    """A t4 node with every GPU taken whole but one, which two 8-shard jobs share; then one of
-    those ends. Returns (node, whole-GPU gres, the shard job left, the GPU indices it holds)."""
+def one_shard_job_left(cluster: Any, jobs: list[str], script: str = SLEEP, *requeue: str,
+                       user: str | None = "aigc-alice") -> tuple[str, str, str, list[int]]:
+    """A t4 node with every GPU taken whole but one, which two 8-shard jobs running `script`
+    share; then one of those ends. Returns (node, whole-GPU gres, the shard job left, the GPU
+    indices it holds)."""
     node = next(n for n in cluster.local.shape().nodes if n.gpu.gres_type == "t4")
     gres = f"gpu:{node.gpu.gres_type}:1"
     for _ in range(node.gpu_count - 1):
         jobs.append(submit(cluster, SLEEP, f"--gres={gres}", f"--nodelist={node.name}"))
         wait_job_state(cluster, jobs[-1], "RUNNING", timeout_s=60)
-    shard_jobs = [submit(cluster, SLEEP, "--gres=shard:8", f"--nodelist={node.name}", *requeue) for _ in range(2)]
+    shard_jobs = [submit(cluster, script, "--gres=shard:8", f"--nodelist={node.name}", *requeue, user=user)
+                  for _ in range(2)]
     jobs.extend(shard_jobs)
     for job_id in shard_jobs:
         wait_job_state(cluster, job_id, "RUNNING", timeout_s=60)
@@ -66,19 +71,25 @@ def decided(cluster: Any, job_id: str) -> Any:
     return info if info is not None and (info.state != "PENDING" or info.reason == "Resources") else None
 
 
+def load(mem: str) -> str:
+    """A job keeping `mem` of its GPU's memory, computing at 40 % (as root: see test_reclaim)."""
+    return f"{SLURM_AIGC_BIN} gpu-load --profile busy --util 40 --mem {mem} --seconds 0\n"
+
+
 def test_the_controller_requeues_the_shard_job_on_a_gpu_given_whole(reclaim: Reclaim, jobs: list[str]) -> None:
-    """Where Slurm does give the GPU whole (22.05), the controller requeues the shard job at its
-    next tick and leaves the whole-GPU job running; Slurm's accounting is then right again."""
+    """Where Slurm does give the GPU whole (22.05), the controller requeues the shard job once
+    the two fill the GPU's memory (7 + 8 of 16 GiB, past the default 90 %), and leaves the
+    whole-GPU job running; Slurm's accounting is then right again."""
     cluster = reclaim.cluster
     if cluster.slurm.version()[:2] != (22, 5):
         pytest.skip(f"Slurm {cluster.slurm.version()} keeps the GPU until its last shard job ends: no conflict")
-    node, gres, shard_job, shared = one_shard_job_left(cluster, jobs, "--requeue")
-    newcomer = submit(cluster, SLEEP, f"--gres={gres}", f"--nodelist={node}")
+    reclaim.policy.write_text(MEMGUARD_POLICY)  # with the inventory: a t4's 16 GiB
+    node, gres, shard_job, shared = one_shard_job_left(cluster, jobs, load("7G"), "--requeue", user=None)
+    newcomer = submit(cluster, load("8G"), f"--gres={gres}", f"--nodelist={node}", user=None)
     jobs.append(newcomer)
     running(reclaim, newcomer)
     assert allocated_gpu_indices(cluster, newcomer) == shared, "the defect did not reproduce"
-    # Only the shard job in the controller's scope (`--job`): both sleep, and the tiny idle windows
-    # of the test policy must not act on the newcomer; the conflict is read from the whole listing.
+    # Only the shard job in the controller's scope (`--job`); the conflict is read from the whole listing.
     reclaim.tick_until((shard_job,), lambda: bool(finished(reclaim.actions(shard_job), "requeue")), 60,
                        f"shard job {shard_job} to be requeued")
     rows = reclaim.actions(shard_job)

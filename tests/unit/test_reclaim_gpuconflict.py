@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from slurm_aigc.db import open_database
+from slurm_aigc.db import JobGpuSample, open_database, transaction
 from slurm_aigc.errors import ConfigError
 from slurm_aigc.reclaim.config import ClassPolicy, ReclaimConfig, parse_reclaim_section
 from slurm_aigc.reclaim.controller import Controller
-from slurm_aigc.reclaim.detect import JobMeta
-from slurm_aigc.reclaim.gpuconflict import GPU_CONFLICT, judge_conflicts
+from slurm_aigc.reclaim.gpuconflict import GPU_CONFLICT, Conflict, find_conflicts, judge_conflict
 from slurm_aigc.reclaim.ladder import PlannedAction
 from slurm_aigc.reclaim.store import ReclaimStore
 from slurm_aigc.slurm import SlurmCli
@@ -24,7 +23,6 @@ from slurm_aigc.validation import Node
 from tests.fakes.slurm import FakeJob, FakeNode, FakeSlurm
 
 from .test_reclaim_controller import START, Clock
-from .test_reclaim_memguard import add
 
 CONFIG = ReclaimConfig(dry_run=False, poll_interval_s=10.0, cooldown_s=600.0,
                        defaults=ClassPolicy(grace_s=10.0, window_s=60.0, min_samples=3),
@@ -39,31 +37,48 @@ def job(job_id: str, detail: str, node: str = "t4-01", state: str = "RUNNING") -
                    gres_detail=((node, detail),) if state == "RUNNING" else ())
 
 
-def judged(jobs: list[JobInfo]) -> dict[str, str]:
-    metas = {j.job_id: JobMeta(j.job_id, "infer", START) for j in jobs}
-    return {job_id: v.reason for job_id, v in judge_conflicts(jobs, metas, START).items()}
+def conflicts(jobs: list[JobInfo], judged: tuple[str, ...] | None = None) -> list[tuple[str, str, int, str]]:
+    found = find_conflicts(jobs, [j.job_id for j in jobs] if judged is None else judged)
+    return [(c.job_id, c.node, c.index, c.other) for c in found]
 
 
 @pytest.mark.parametrize("shard_detail", ["shard:8(IDX:3)", "shard:t4:8(0/16,0/16,0/16,8/16)"],
                          ids=["22.05", "24.11"])
-def test_the_shard_job_on_a_gpu_another_job_holds_whole_is_judged(shard_detail: str) -> None:
+def test_the_shard_job_on_a_gpu_another_job_holds_whole_conflicts(shard_detail: str) -> None:
     jobs = [job("3041", "gpu:t4:1(IDX:0)"), job("3044", shard_detail), job("3046", "gpu:t4:1(IDX:3)"),
             job("3050", "shard:8(IDX:2)")]
-    found = judged(jobs)
-    assert list(found) == ["3044"]  # never the whole-GPU job, never a shard job on a GPU of its own
-    assert "GPU 3 of t4-01" in found["3044"] and "whole to job 3046" in found["3044"]
+    # never the whole-GPU job, never a shard job on a GPU of its own
+    assert conflicts(jobs) == [("3044", "t4-01", 3, "3046")]
 
 
 def test_only_the_same_gpu_of_the_same_node_of_running_jobs_conflicts() -> None:
-    assert judged([job("1", "gpu:t4:1(IDX:3)", node="t4-02"), job("2", "shard:8(IDX:3)")]) == {}
-    assert judged([job("1", "gpu:t4:1(IDX:3)", state="PENDING"), job("2", "shard:8(IDX:3)")]) == {}
-    assert judged([job("1", "gpu:t4:2(IDX:2-3)"), job("2", "shard:8(IDX:1)")]) == {}
-    assert list(judged([job("1", "gpu:t4:2(IDX:2-3)"), job("2", "shard:8(IDX:3)")])) == ["2"]
+    assert conflicts([job("1", "gpu:t4:1(IDX:3)", node="t4-02"), job("2", "shard:8(IDX:3)")]) == []
+    assert conflicts([job("1", "gpu:t4:1(IDX:3)", state="PENDING"), job("2", "shard:8(IDX:3)")]) == []
+    assert conflicts([job("1", "gpu:t4:2(IDX:2-3)"), job("2", "shard:8(IDX:1)")]) == []
+    assert conflicts([job("1", "gpu:t4:2(IDX:2-3)"), job("2", "shard:8(IDX:3)")]) == [("2", "t4-01", 3, "1")]
 
 
 def test_a_job_outside_the_controllers_scope_is_not_judged() -> None:
     jobs = [job("1", "gpu:t4:1(IDX:3)"), job("2", "shard:8(IDX:3)")]
-    assert judge_conflicts(jobs, {"1": JobMeta("1", "train", START)}, START) == {}
+    assert conflicts(jobs, ("1",)) == []
+
+
+GIB = 1024.0
+T4_MIB = 16 * GIB
+
+
+@pytest.mark.parametrize(("memory_gib", "pct", "acts"), [
+    (15.0, 90.0, True), (14.4, 90.0, True), (14.3, 90.0, False), (None, 90.0, False),
+    (2.0, 0.0, True), (None, 0.0, True),
+])
+def test_it_acts_once_the_two_jobs_fill_the_gpus_memory(memory_gib: float | None, pct: float, acts: bool) -> None:
+    clash = Conflict("3044", "t4-01", 3, "3046")
+    memory = None if memory_gib is None else memory_gib * GIB
+    verdict = judge_conflict(clash, "infer", memory, T4_MIB, pct, START)
+    assert (verdict is not None) is acts
+    if verdict is not None:
+        assert verdict.kind == GPU_CONFLICT and "GPU 3 of t4-01" in verdict.reason and "whole to job 3046" in verdict.reason
+        assert memory_gib is None or f"use {memory_gib:.1f} of its 16 GiB" in verdict.reason
 
 
 def conflict() -> FakeSlurm:
@@ -74,9 +89,22 @@ def conflict() -> FakeSlurm:
     return FakeSlurm([FakeNode("t4-01", gres="gpu:t4:4,shard:t4:64")], jobs=jobs)
 
 
-def make(url: str, fake: FakeSlurm, config: ReclaimConfig = CONFIG) -> Controller:
-    add(url, "10", START + 40.0, 4.0)  # fresh samples: a controller never acts on stale ones
+def make(url: str, fake: FakeSlurm, other_gib: float = 9.0, config: ReclaimConfig = CONFIG) -> Controller:
+    """The shard job uses 6 GiB of GPU 3, the whole-GPU job `other_gib` (a t4 has 16 GiB)."""
+    with transaction(open_database(url)) as session:
+        for ts in (START + 30.0, START + 40.0):
+            for job_id, gib in (("10", 6.0), ("11", other_gib)):
+                session.add(JobGpuSample(ts=ts, node="t4-01", job_id=job_id, gpu_index=3, sm_util_pct=60.0,
+                                         memory_used_mib=gib * GIB, memory_total_mib=T4_MIB,
+                                         power_draw_w=50.0, power_limit_w=70.0, shared=job_id == "10"))
     return Controller(SlurmCli(runner=fake), ReclaimStore(open_database(url)), config, clock=Clock(START + 40.0))
+
+
+def test_while_the_two_fit_nothing_is_done(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    fake = conflict()
+    report = make(url, fake, other_gib=4.0).tick()  # 10 of 16 GiB
+    assert report.results == () and fake.mutations() == []
 
 
 def test_the_shard_job_is_requeued_at_once_and_the_whole_gpu_job_kept(tmp_path: Path) -> None:
@@ -119,3 +147,10 @@ def test_its_ladder_requeues_by_default_and_may_only_notify_and_requeue() -> Non
         section = {"cancel_enabled": True, "defaults": {"ladder": {GPU_CONFLICT: ["notify", step]}}}
         with pytest.raises(ConfigError, match=rf"reclaim.defaults.ladder.gpu_conflict\[1\]: action '{step}' not allowed"):
             parse_reclaim_section(Node("t.yaml", "reclaim", section))
+
+
+def test_the_memory_share_is_a_percentage() -> None:
+    assert parse_reclaim_section(Node("t.yaml", "reclaim", None)).gpu_conflict_memory_pct == 90.0
+    assert parse_reclaim_section(Node("t.yaml", "reclaim", {"gpu_conflict_memory_pct": 0})).gpu_conflict_memory_pct == 0.0
+    with pytest.raises(ConfigError, match=r"reclaim.gpu_conflict_memory_pct: expected a percentage in 0..100, got 120"):
+        parse_reclaim_section(Node("t.yaml", "reclaim", {"gpu_conflict_memory_pct": 120}))
