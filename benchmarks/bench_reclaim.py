@@ -33,8 +33,10 @@ import numpy as np
 
 from slurm_aigc.reclaim.config import ReclaimConfig, load_reclaim_config
 from slurm_aigc.reclaim.detect import JobMeta, SampleBatch, Verdict, detect
+from slurm_aigc.reclaim.gpuconflict import find_conflicts
 from slurm_aigc.reclaim.ladder import JobFacts, PlannedAction, plan_job
 from slurm_aigc.reclaim.tracker import StretchTracker
+from slurm_aigc.slurmrecords import JobInfo
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -118,6 +120,34 @@ reclaim:
   stale_intervals: 15
   defaults: {grace_s: 3, window_s: 5, min_samples: 3, ladder: {idle: [notify], memory_held: [notify]}}
 """
+
+
+def listing(n_jobs: int, gpus: int, shard_share: float = 0.3) -> list[JobInfo]:
+    """Running jobs as 22.05 lists them, `shard_share` of them shard jobs two to a GPU, the rest
+    whole-GPU jobs of 1 GPU; one GPU in 100 carries a shard job and a whole-GPU job (a conflict)."""
+    jobs = []
+    for i in range(n_jobs):
+        node, gpu = f"n{i // gpus:05d}", i % gpus
+        detail = f"shard:40(IDX:{gpu})" if i < n_jobs * shard_share else f"gpu:a100:1(IDX:{gpu})"
+        jobs.append(JobInfo(str(i), "j", "u", "a", "p", "normal", "RUNNING", "None", node, True, True, 0, None, None,
+                            None, None, "", "", "", "", 1, "", {}, ((node, detail),)))
+    for i in range(0, int(n_jobs * shard_share), 100):  # the whole-GPU job Slurm 22.05 put beside it
+        node, detail = jobs[i].gres_detail[0]
+        jobs.append(JobInfo(f"w{i}", "j", "u", "a", "p", "normal", "RUNNING", "None", node, True, True, 0, None, None,
+                            None, None, "", "", "", "", 1, "", {}, ((node, "gpu:a100:1" + detail[detail.index("("):]),)))
+    return jobs
+
+
+def conflict_scan(n_jobs: int, gpus: int, repeat: int) -> list[tuple[str, str, str]]:
+    """`find_conflicts` over a tick's listing: cold (every gres_detail parsed) and warm (cached)."""
+    jobs = listing(n_jobs, gpus)
+    judged = [j.job_id for j in jobs]
+    t0 = time.perf_counter()
+    found = find_conflicts(jobs, judged)
+    cold = time.perf_counter() - t0
+    warm_med, warm_max = timed(lambda: find_conflicts(jobs, judged), repeat)
+    return [("GPU-conflict scan, first tick (parse)", f"{cold:.3f} s over {len(jobs):,} jobs, {len(found)} conflicts", ""),
+            ("GPU-conflict scan, later ticks (med/max)", f"{warm_med:.3f} / {warm_max:.3f} s", "")]
 
 
 def cluster_latency(bin_path: str) -> list[tuple[str, str, str]]:
@@ -227,6 +257,7 @@ def main() -> None:
         ("incremental == full-window verdicts", "yes" if same else "NO", ""),
         ("verdicts", ", ".join(f"{k or 'none'}={v}" for k, v in kinds.items()), ""),
     ]
+    rows += conflict_scan(args.jobs, args.gpus, args.repeat)
     if args.cluster:
         rows += cluster_latency(str(Path(sys.executable).with_name("slurm-aigc")))
     width = max(len(r[0]) for r in rows)

@@ -48,11 +48,11 @@ def find_conflicts(jobs: Sequence[JobInfo], judged: Collection[str]) -> list[Con
     """One conflict per running job of `judged` holding shards of a GPU another running job holds whole."""
     running = [job for job in jobs if job.state == "RUNNING"]
     held = {job.job_id: job_whole_and_shard_gpus(job) for job in running}
-    whole_by = {(node, index): job_id for job_id, nodes in held.items()
-                for node, (whole, _shards) in nodes.items() for index in whole}
+    whole_by = {(node, index): job_id for job_id, nodes in held.items() for node, whole, _shards in nodes
+                for index in whole}
     found = []
     for job_id in sorted(held.keys() & set(judged)) if whole_by else ():
-        clashes = sorted((node, index, other) for node, (_whole, shards) in held[job_id].items() for index in shards
+        clashes = sorted((node, index, other) for node, _whole, shards in held[job_id] for index in shards
                          if (other := whole_by.get((node, index))) is not None and other != job_id)
         if clashes:
             found.append(Conflict(job_id, *clashes[0]))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable, Mapping
+from functools import lru_cache
 
 from ClusterShell.NodeSet import NodeSet, NodeSetParseError
 
@@ -103,10 +104,17 @@ def job_gpu_indices(job: JobInfo, node: str) -> frozenset[int]:
     return frozenset().union(*(gres_indices(gres) for name, gres in job.gres_detail if name == node))
 
 
-def job_whole_and_shard_gpus(job: JobInfo) -> dict[str, tuple[frozenset[int], frozenset[int]]]:
-    """Per node, (GPU indices `job` holds whole, GPU indices it holds through shards), from `gres_detail`."""
+def job_whole_and_shard_gpus(job: JobInfo) -> tuple[tuple[str, frozenset[int], frozenset[int]], ...]:
+    """Per node, (node, GPU indices `job` holds whole, GPU indices it holds through shards), from `gres_detail`."""
+    return _whole_and_shard_gpus(job.gres_detail)
+
+
+# The controller reads every running job's holdings each tick; a job's `gres_detail` does not
+# change while it runs, so the parse is done once per allocation.
+@lru_cache(maxsize=65536)
+def _whole_and_shard_gpus(gres_detail: tuple[tuple[str, str], ...]) -> tuple[tuple[str, frozenset[int], frozenset[int]], ...]:
     held: dict[str, tuple[frozenset[int], frozenset[int]]] = {}
-    for node, gres in job.gres_detail:
+    for node, gres in gres_detail:
         whole, shards = held.get(node, (frozenset(), frozenset()))
         for name, _count, detail in map(_gres_parts, split_gres(gres)):
             if name == "gpu":
@@ -114,7 +122,7 @@ def job_whole_and_shard_gpus(job: JobInfo) -> dict[str, tuple[frozenset[int], fr
             elif name == "shard":
                 shards |= used_indices(detail)
         held[node] = (whole, shards)
-    return held
+    return tuple((node, whole, shards) for node, (whole, shards) in held.items())
 
 
 def alloc_tres_gpus(alloc_tres: str) -> int:
