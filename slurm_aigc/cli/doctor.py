@@ -3,7 +3,8 @@
 Run on a compute node (`--role agent`) or the controller host (`--role controller`). Each
 check gives one line: the database (reachable, schema, what the role can and cannot write),
 Slurm (slurmctld answers, rights to update nodes and jobs), NVML (agent), the policy, the
-Prolog piece (agent) and the clock against the database server. Exit 1 when any check fails.
+Prolog piece (agent), the clock against the database server, and (controller) whether this
+Slurm has the 22.05 shard defect. Exit 1 when any check fails.
 """
 
 from __future__ import annotations
@@ -103,7 +104,20 @@ def check_slurm(env: DoctorEnv, role: str) -> list[Finding]:
                             "`sacctmgr modify user NAME set adminlevel=Operator`"))
     if role == "agent":
         findings.append(_prolog(env, config))
+    elif (defect := _shard_defect(config)) is not None:
+        findings.append(defect)
     return findings
+
+
+def _shard_defect(config: dict[str, str]) -> Finding | None:
+    """Slurm 22.05 with gres/shard: the defect the controller's `gpu_conflict` verdict deals with."""
+    version = config.get("SLURM_VERSION", "")
+    types = {name.strip() for name in config.get("GresTypes", "").split(",")}
+    if not version.startswith("22.05.") or "shard" not in types:
+        return None
+    return Finding("gpu sharing", True, f"Slurm {version} can give a GPU whole while a shard job still runs on it; "
+                   "the controller requeues the shard job once the two fill reclaim.gpu_conflict_memory_pct of the "
+                   "GPU's memory (docs/reclaim.md, GPU conflicts), and separate nodes for shard jobs avoid it")
 
 
 def _prolog(env: DoctorEnv, config: dict[str, str]) -> Finding:

@@ -100,3 +100,18 @@ def test_probes_on_sqlite_change_nothing(tmp_path: Path) -> None:
     findings = failed(doc.run_checks(env(open_db=lambda url: factory, privileges=probe_privileges,
                                          server_time=server_time), "agent", None, None))
     assert "write actions should be refused" in findings["database role (agent)"].fix
+
+
+@pytest.mark.parametrize(("version", "gres_types", "noted"), [
+    ("22.05.8", "gpu,shard", True), ("22.05.8", "gpu", False), ("24.11.5", "gpu,shard", False),
+])
+def test_a_controller_on_slurm_2205_with_shards_is_told_of_the_gpu_conflict_defect(version: str, gres_types: str,
+                                                                                   noted: bool) -> None:
+    config = {"SLURM_VERSION": version, "GresTypes": gres_types}
+    findings = doc.run_checks(env(privileges=lambda f: dict(CONTROLLER_CAN), slurm_config=lambda: config),
+                              "controller", None, None)
+    notes = [f for f in findings if f.check == "gpu sharing"]
+    assert [f.ok for f in notes] == ([True] if noted else [])
+    assert not noted or "gpu_conflict_memory_pct" in notes[0].detail
+    agent = doc.run_checks(env(slurm_config=lambda: config), "agent", None, None)
+    assert all(f.check != "gpu sharing" for f in agent)
