@@ -125,16 +125,15 @@ reclaim:
 def listing(n_jobs: int, gpus: int, shard_share: float = 0.3) -> list[JobInfo]:
     """Running jobs as 22.05 lists them, `shard_share` of them shard jobs two to a GPU, the rest
     whole-GPU jobs of 1 GPU; one GPU in 100 carries a shard job and a whole-GPU job (a conflict)."""
-    jobs = []
-    for i in range(n_jobs):
-        node, gpu = f"n{i // gpus:05d}", i % gpus
-        detail = f"shard:40(IDX:{gpu})" if i < n_jobs * shard_share else f"gpu:a100:1(IDX:{gpu})"
-        jobs.append(JobInfo(str(i), "j", "u", "a", "p", "normal", "RUNNING", "None", node, True, True, 0, None, None,
-                            None, None, "", "", "", "", 1, "", {}, ((node, detail),)))
-    for i in range(0, int(n_jobs * shard_share), 100):  # the whole-GPU job Slurm 22.05 put beside it
-        node, detail = jobs[i].gres_detail[0]
-        jobs.append(JobInfo(f"w{i}", "j", "u", "a", "p", "normal", "RUNNING", "None", node, True, True, 0, None, None,
-                            None, None, "", "", "", "", 1, "", {}, ((node, "gpu:a100:1" + detail[detail.index("("):]),)))
+    def running(job_id: str, node: str, gres: str) -> JobInfo:
+        return JobInfo(job_id, "j", "u", "a", "p", "normal", "RUNNING", "None", node, True, True, 0, None, None,
+                       None, None, "", "", "", "", 1, "", {}, ((node, gres),))
+
+    shards = int(n_jobs * shard_share)
+    jobs = [running(str(i), f"n{i // gpus:05d}", f"shard:40(IDX:{i % gpus})" if i < shards else f"gpu:a100:1(IDX:{i % gpus})")
+            for i in range(n_jobs)]
+    # the whole-GPU job Slurm 22.05 put beside every 100th shard job
+    jobs += [running(f"w{i}", f"n{i // gpus:05d}", f"gpu:a100:1(IDX:{i % gpus})") for i in range(0, shards, 100)]
     return jobs
 
 
