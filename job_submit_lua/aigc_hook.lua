@@ -33,6 +33,10 @@ local MAX_COMMENT_READ = 1024
 local STAMP_CLASS, STAMP_RECLAIM, STAMP_SIGNAL = "aigc_class=", "aigc_reclaim=", "aigc_signal="
 -- `aigc_learned=1`: the hook filled keys the tag left out from the learned table (learned_defaults).
 local STAMP_LEARNED = "aigc_learned="
+-- `aigc_share=no`: the user's `share=no`, kept where the owner cannot change it later, because
+-- on Slurm 22.05 the controller requeues a shard job Slurm put on such a job's GPU by mistake
+-- (slurm_aigc/reclaim/gpuconflict.py): a later comment edit must not aim that at a neighbour.
+local STAMP_SHARE = "aigc_share="
 
 local M = {}
 
@@ -720,14 +724,15 @@ local function rule_class_defaults(view)
     end
 end
 
--- `aigc_class=<class>[ aigc_reclaim=no][ aigc_signal=<signal>]` for the AdminComment. The
--- signal is the user's `aigc:signal=` declaration: job_submit/lua exposes no `--signal`
--- field (22.05 to 26.05), and the declaration can only let the reclaim `signal` rung reach
--- the user's own job.
+-- `aigc_class=<class>[ aigc_reclaim=no][ aigc_share=no][ aigc_signal=<signal>][ aigc_learned=1]`
+-- for the AdminComment. The signal is the user's `aigc:signal=` declaration: job_submit/lua
+-- exposes no `--signal` field (22.05 to 26.05), and the declaration can only let the reclaim
+-- `signal` rung reach the user's own job.
 local function stamp_text(view)
     local text = STAMP_CLASS .. view.class
     local tags = view.tags
     if tags and tags.reclaim == false then text = text .. " " .. STAMP_RECLAIM .. "no" end
+    if tags and tags.share == false then text = text .. " " .. STAMP_SHARE .. "no" end
     if tags and tags.signal then text = text .. " " .. STAMP_SIGNAL .. tags.signal end
     if view.learned_applied then text = text .. " " .. STAMP_LEARNED .. "1" end
     return text

@@ -10,8 +10,8 @@ Two different texts, two different trust levels (docs/tags.md, docs/security.md)
 * The job's **AdminComment** can be written only by slurmctld (our hook, at submit) and by
   Slurm admins: `scontrol update AdminComment=` by a job owner is refused ("Access/permission
   denied", measured on 22.05). The hook opens it with the stamp `aigc_class=<class>`
-  (`aigc_reclaim=no` when the user opted out, `aigc_signal=B.USR1` when the user declared
-  the job handles that signal), e.g. `aigc_class=train aigc_reclaim=no; aigc-reclaim: job 7 idle: ...`.
+  (`aigc_reclaim=no` when the user opted out, `aigc_share=no` when the user asked never to
+  share a GPU, `aigc_signal=B.USR1` when the user declared the job handles that signal), e.g. `aigc_class=train aigc_reclaim=no; aigc-reclaim: job 7 idle: ...`.
   `trusted_class` / `trusted_tags` read that stamp; the daemons decide with it.
 
 The stamp is the run of `aigc_<key>=<value>` words at the very start of the AdminComment,
@@ -26,7 +26,7 @@ import re
 UNKNOWN_CLASS = "unknown"
 TAG_PREFIX = "aigc:"
 MAX_COMMENT_READ = 1024  # bytes the hook reads: Slurm's own comment limit (MAX_COMMENT_READ in aigc_hook.lua)
-STAMP_KEYS = ("class", "reclaim", "signal", "learned")  # learned: the hook filled untagged keys from the learned table
+STAMP_KEYS = ("class", "reclaim", "share", "signal", "learned")  # learned: the hook filled untagged keys from the learned table
 # Signals a job may declare it handles (`aigc:signal=USR1`, `aigc:signal=B.USR1`), which are
 # also the only ones the reclaim `signal` rung may send while cancelling is off
 # (policy/sections.py): every other signal's default action ends or stops the job.
@@ -177,20 +177,27 @@ def trusted_opt_out(admin_comment: str | None) -> bool:
     return trusted_tags(admin_comment).get("reclaim") == "no"
 
 
+def trusted_share_no(admin_comment: str | None) -> bool:
+    """Did the hook record the user's `aigc:share=no` (`aigc_share=no`), as it stood at submit?"""
+    return trusted_tags(admin_comment).get("share") == "no"
+
+
 def stamp_of(admin_comment: str | None) -> str:
     """The stamp words of an AdminComment as they stand (`aigc_class=train aigc_reclaim=no`)."""
     return " ".join(match.group(0) for match in _stamp_words(admin_comment))
 
 
-def stamp(job_class: str, opt_out: bool = False, signal: str = "", learned: bool = False) -> str:
-    """The stamp the hook writes: `aigc_class=<class>` (+ ` aigc_reclaim=no`) (+ ` aigc_signal=B.USR1`)
-    (+ ` aigc_learned=1` when the hook took untagged keys from the learned table)."""
+def stamp(job_class: str, opt_out: bool = False, signal: str = "", learned: bool = False,
+          share_no: bool = False) -> str:
+    """The stamp the hook writes: `aigc_class=<class>` (+ ` aigc_reclaim=no`) (+ ` aigc_share=no`)
+    (+ ` aigc_signal=B.USR1`) (+ ` aigc_learned=1` when the hook took untagged keys from the
+    learned table)."""
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", job_class):
         raise ValueError(f"class {job_class!r} cannot be stamped: use letters, digits, _ . -")
     declared = signal_tag(signal) if signal else ""
     if declared is None:
         raise ValueError(f"signal {signal!r} cannot be stamped: use one of {', '.join(SIGNAL_NAMES)}, B. for the batch shell")
-    return (f"aigc_class={job_class}" + (" aigc_reclaim=no" if opt_out else "")
+    return (f"aigc_class={job_class}" + (" aigc_reclaim=no" if opt_out else "") + (" aigc_share=no" if share_no else "")
             + (f" aigc_signal={declared}" if declared else "") + (" aigc_learned=1" if learned else ""))
 
 

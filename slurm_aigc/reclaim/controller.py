@@ -61,6 +61,7 @@ from slurm_aigc.reclaim.memguard import judge_memory
 from slurm_aigc.reclaim.store import ReclaimStore, SampleRow
 from slurm_aigc.reclaim.tracker import StretchTracker
 from slurm_aigc.slurm import JobInfo, NodeInfo, SlurmCli
+from slurm_aigc.tags import trusted_share_no
 
 LOG = logging.getLogger(__name__)
 
@@ -408,17 +409,20 @@ class Controller:
         rows = self._store.samples({c.job_id for c in conflicts} | {c.other for c in conflicts},
                                    now - self.config.gap_s)
         newest = {(r.job_id, r.node, r.gpu_index): r.memory_used_mib for r in rows}  # sorted by time
+        # share=no from the stamp, never the comment: its owner could aim a requeue at a neighbour.
+        share_no = {j.job_id for j in listing if trusted_share_no(j.admin_comment)}
         found = dict(verdicts)
         for conflict in conflicts:
             mine, other = (newest.get((job_id, conflict.node, conflict.index)) for job_id in (conflict.job_id, conflict.other))
             memory = None if mine is None or other is None else mine + other
             gpu_mib = shards_by_node.get(conflict.node, 0) * gib_by_node.get(conflict.node, 0.0) * MIB_PER_GIB
             verdict = judge_conflict(conflict, metas[conflict.job_id].job_class, memory, gpu_mib,
-                                     self.config.gpu_conflict_memory_pct, now)
+                                     self.config.gpu_conflict_memory_pct, now, conflict.other in share_no)
             if conflict not in self._conflicts_seen:  # once per conflict, not every tick
                 LOG.warning("job %s shares GPU %d of %s with job %s, which Slurm gave it whole (a Slurm 22.05 "
-                            "defect): acting once their memory reaches %g %% of the GPU's", conflict.job_id,
-                            conflict.index, conflict.node, conflict.other, self.config.gpu_conflict_memory_pct)
+                            "defect): acting %s", conflict.job_id, conflict.index, conflict.node, conflict.other,
+                            "now: that job asked share=no" if conflict.other in share_no else
+                            f"once their memory reaches {self.config.gpu_conflict_memory_pct:g} % of the GPU's")
             if verdict is not None:
                 found[conflict.job_id] = verdict
         self._conflicts_seen = set(conflicts)

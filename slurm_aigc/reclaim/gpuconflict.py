@@ -11,8 +11,10 @@ GPU's accounting) also drops every feature and weight the publisher wrote. So th
 finds the conflict where it shows: in its own job listing (each job's `gres_detail`, read every
 tick, no extra RPC), a GPU held whole by one running job and through shards by another.
 
-It acts only once the two jobs' memory on that GPU (their newest samples, summed) reaches
-`memory_pct` of the GPU's memory, where the next allocation on it can fail. Acting on every
+It acts once the two jobs' memory on that GPU (their newest samples, summed) reaches
+`memory_pct` of the GPU's memory, where the next allocation on it can fail, and at once when
+the whole-GPU job asked `share=no` (the hook's `aigc_share=no` stamp, which its owner cannot
+rewrite later): that job was promised a GPU of its own. Acting on every
 conflict was measured to cost more than it saves: in a backlogged 16-node replay on 22.05 it
 requeued 17 shard jobs in 300 s (some three times), because in a busy cluster nearly every
 shard job whose partner on a GPU ends gets a whole-GPU job beside it, and most of those pairs
@@ -60,18 +62,20 @@ def find_conflicts(jobs: Sequence[JobInfo], judged: Collection[str]) -> list[Con
 
 
 def judge_conflict(conflict: Conflict, job_class: str, memory_mib: float | None, gpu_mib: float, memory_pct: float,
-                   now_ts: float) -> Verdict | None:
-    """`gpu_conflict` once the two jobs' memory on the GPU reaches `memory_pct` % of `gpu_mib`.
+                   now_ts: float, other_share_no: bool = False) -> Verdict | None:
+    """`gpu_conflict` once the two jobs' memory on the GPU reaches `memory_pct` % of `gpu_mib`,
+    or at once when the whole-GPU job asked `share=no` (`other_share_no`, from its stamp).
 
     `memory_mib` is None when either job has no fresh sample on that GPU: unknown never acts,
-    unless `memory_pct` is 0 (act on every conflict).
+    unless `memory_pct` is 0 (act on every conflict) or the other job asked `share=no`.
     """
     limit_mib = memory_pct / 100.0 * gpu_mib
-    if memory_pct > 0 and (memory_mib is None or gpu_mib <= 0 or memory_mib < limit_mib):
+    full = memory_pct <= 0 or (memory_mib is not None and gpu_mib > 0 and memory_mib >= limit_mib)
+    if not (full or other_share_no):
         return None
     used = "" if memory_mib is None or gpu_mib <= 0 else (
         f", and the two use {memory_mib / MIB_PER_GIB:.1f} of its {gpu_mib / MIB_PER_GIB:.0f} GiB")
+    why = "the next allocation on it can fail" if full else f"job {conflict.other} asked share=no"
     reason = (f"Slurm gave GPU {conflict.index} of {conflict.node}, which this job holds through shards, whole to "
-              f"job {conflict.other} as well (a Slurm 22.05 defect, docs/hook.md){used}: the next allocation "
-              f"on it can fail")
+              f"job {conflict.other} as well (a Slurm 22.05 defect, docs/hook.md){used}: {why}")
     return Verdict(conflict.job_id, job_class, GPU_CONFLICT, reason, now_ts, 0.0, now_ts, 1, None, ())

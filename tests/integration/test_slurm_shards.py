@@ -7,7 +7,8 @@ while the other shard job still runs on it (found tracing the whole-GPU out-of-m
 of the backlogged replays, docs/benchmarks.md). 24.11.5 (Debian 13) keeps the GPU until the
 last shard job ends. The first test is an expected failure on 22.05, strictly: a 22.05 build
 that fixes it fails the run, so the note in docs/hook.md gets revisited. The second shows the
-mitigation on 22.05: the controller requeues the shard job (reclaim/gpuconflict.py).
+mitigation on 22.05: the controller requeues the shard job (reclaim/gpuconflict.py), once the
+two fill the GPU's memory, or at once when the whole-GPU job asked `share=no`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,11 @@ from typing import Any
 
 import pytest
 
+from slurm_aigc.policy.install import install_hook
+from slurm_aigc.policy.loader import load_policy
+from slurm_aigc.policy.paths import shipped_policy
+from slurm_aigc.policy.render import render_hook
+from slurm_aigc.tags import trusted_share_no
 from tests.conftest import SLURM_AIGC_BIN
 from tests.integration.helpers import allocated_gpu_indices, submit, wait_for, wait_job_state
 from tests.integration.test_memguard import MEMGUARD_POLICY
@@ -101,3 +107,28 @@ def test_the_controller_requeues_the_shard_job_on_a_gpu_given_whole(reclaim: Rec
     late = submit(cluster, SLEEP, f"--gres={gres}", f"--nodelist={node}")
     jobs.append(late)
     assert wait_for(lambda: decided(cluster, late), 60, f"the scheduler to decide on job {late}").state == "PENDING"
+
+
+def test_a_whole_gpu_job_that_asked_share_no_gets_its_gpu_to_itself(reclaim: Reclaim, jobs: list[str]) -> None:
+    """A shard job keeping 3 of 16 GiB is far under the 90 % rule, but the job Slurm gave the
+    GPU whole asked `aigc:share=no`: the hook stamps that at submit, and the controller requeues
+    the shard job without waiting for memory to run short."""
+    cluster = reclaim.cluster
+    if cluster.slurm.version()[:2] != (22, 5):
+        pytest.skip(f"Slurm {cluster.slurm.version()} keeps the GPU until its last shard job ends: no conflict")
+    reclaim.policy.write_text(MEMGUARD_POLICY)
+    install_hook(render_hook(load_policy(shipped_policy())), cluster.etc_dir)  # the hook writes the stamp
+    node, gres, shard_job, shared = one_shard_job_left(cluster, jobs, load("3G"), "--requeue", user=None)
+    newcomer = submit(cluster, SLEEP, f"--gres={gres}", f"--nodelist={node}", "--comment=aigc:share=no")
+    jobs.append(newcomer)
+    running(reclaim, newcomer)
+    assert allocated_gpu_indices(cluster, newcomer) == shared, "the defect did not reproduce"
+    stamped = cluster.slurm.job(newcomer)
+    assert stamped is not None and trusted_share_no(stamped.admin_comment), stamped.admin_comment
+    reclaim.tick_until((shard_job,), lambda: bool(finished(reclaim.actions(shard_job), "requeue")), 60,
+                       f"shard job {shard_job} to be requeued")
+    rows = reclaim.actions(shard_job)
+    assert [(r.verdict, r.action, r.state) for r in rows] == [("gpu_conflict", "requeue", "done")], [r.detail for r in rows]
+    assert "asked share=no" in rows[0].detail["message"]
+    kept = cluster.slurm.job(newcomer)
+    assert kept is not None and (kept.state, kept.restarts) == ("RUNNING", 0)

@@ -20,7 +20,7 @@ from slurm_aigc.policy.loader import parse_policy_text
 from slurm_aigc.policy.paths import shipped_policy
 from slurm_aigc.policy.render import render_hook
 from slurm_aigc.reclaim.jobs import declared_signal
-from slurm_aigc.tags import trusted_class, trusted_tags
+from slurm_aigc.tags import stamp, trusted_class, trusted_share_no, trusted_tags
 from slurm_aigc.telemetry.features import model_feature
 from tests.fakes.slurm import FakeJob
 
@@ -400,6 +400,23 @@ def test_reclaim_opt_out_is_a_valid_key_for_the_hook(tmp_path: Path) -> None:
     result = submit(hook, comment="aigc:type=infer,reclaim=no,vram=20G", tres_per_node="gres:gpu:1")
     assert result.rc == SUCCESS and result.changes["tres_per_node"] == ("gres:gpu:1", "gres:shard:40")
     assert submit(hook, comment="aigc:type=infer,reclaim=maybe").rc == ERROR
+
+
+def test_share_no_is_stamped_where_its_owner_cannot_take_it_back(hook: HookRuntime) -> None:
+    """On 22.05 the controller requeues a shard job Slurm put on a share=no job's GPU
+    (gpuconflict.py): it reads the stamp, which a later edit of the comment cannot change."""
+    result = submit(hook, comment="aigc:type=infer,vram=7G,share=no", tres_per_node="gres:gpu:1")
+    assert result.after["admin_comment"] == "aigc_class=infer aigc_share=no"
+    assert trusted_share_no(result.after["admin_comment"])
+    assert result.after["admin_comment"] == stamp("infer", share_no=True)
+    assert submit(hook, comment="aigc:type=infer,vram=7G,share=yes").after["admin_comment"] == "aigc_class=infer"
+    crafted = submit(hook, comment="aigc:type=infer,vram=7G aigc_share=no", tres_per_node="gres:gpu:1",
+                     admin_comment="aigc_share=no; sent in a crafted request")
+    assert not trusted_share_no(crafted.after["admin_comment"]) and "aigc_share" not in crafted.after["comment"]
+    record = {"job_state": 0, "comment": "aigc:type=infer,vram=7G", "gres": "gres:shard:8",
+              "admin_comment": "aigc_class=infer"}
+    retag = hook.modify({"comment": "aigc:type=infer,vram=7G,share=no"}, record, modify_uid=ALICE)
+    assert retag.rc == SUCCESS and "admin_comment" not in retag.after
 
 
 @pytest.mark.parametrize(("tag", "stamped", "declared"), [

@@ -28,7 +28,7 @@ POLICY = load_policy(shipped_policy())
 CLASSES = frozenset(POLICY.classes)
 # Whitespace Python knows and Lua's %s (C locale) does not, and the other way round none.
 ODD_SPACE = ["\x1c", "\x1d", "\x1e", "\x1f", "\x85", "\xa0", "\u2028", "\u3000", "\x0b", "\x0c", "\r", "\t", "\n", " "]
-PIECES = ["aigc:", "aigc_class=", "aigc_reclaim=no", "aigc_learned=1", "type=", "model=", "vram=", "share=", "nvlink=", "reclaim=",
+PIECES = ["aigc:", "aigc_class=", "aigc_reclaim=no", "aigc_share=no", "aigc_learned=1", "type=", "model=", "vram=", "share=", "nvlink=", "reclaim=",
           "infer", "TRAIN", "Interactive", "\u212aB", "20G", "0.5T", "1e3G", "٣G", "512m", "yes", "No", "ON", "0",
           ",", ",,", "=", ";", "|", "%", "x", "é", "\x00", "\udc80", *ODD_SPACE,
           "signal=", "USR1", "usr2", "B.", "b:", "B:", "SIG", "sig", "TERM", "KILL", "10", "WINCH", "ſ"]
@@ -82,7 +82,7 @@ def test_examples_of_the_one_grammar() -> None:
 
 
 @settings(max_examples=800, deadline=None)
-@given(admin_comment=st.lists(st.sampled_from(["aigc_class=train", "aigc_reclaim=no", "aigc_signal=B:USR1", "aigc_signal=B.USR1", "aigc_x=",
+@given(admin_comment=st.lists(st.sampled_from(["aigc_class=train", "aigc_reclaim=no", "aigc_share=no", "aigc_signal=B:USR1", "aigc_signal=B.USR1", "aigc_x=",
                                                 "aigc_Class=a", "note", ";", " ", "\t", "\x1c", "aigc-reclaim:", "é"]),
                               max_size=8).map("".join) | st.text(max_size=30))
 def test_hook_and_python_read_the_stamp_alike(admin_comment: str) -> None:
@@ -114,6 +114,8 @@ def test_stamp_text() -> None:
     assert stamp("train", signal="b:sigusr1") == "aigc_class=train aigc_signal=B.USR1"
     assert stamp("infer", learned=True) == "aigc_class=infer aigc_learned=1"
     assert trusted_tags(stamp("infer", learned=True)) == {"class": "infer", "learned": "1"}
+    assert stamp("infer", opt_out=True, share_no=True, signal="USR1") == (
+        "aigc_class=infer aigc_reclaim=no aigc_share=no aigc_signal=USR1")
 
 
 def test_examples_of_the_signal_key() -> None:

@@ -81,11 +81,21 @@ def test_it_acts_once_the_two_jobs_fill_the_gpus_memory(memory_gib: float | None
         assert memory_gib is None or f"use {memory_gib:.1f} of its 16 GiB" in verdict.reason
 
 
-def conflict() -> FakeSlurm:
+@pytest.mark.parametrize("memory_gib", [2.0, None])
+def test_a_whole_gpu_job_that_asked_share_no_gets_its_gpu_back_at_once(memory_gib: float | None) -> None:
+    clash = Conflict("3044", "t4-01", 3, "3046")
+    memory = None if memory_gib is None else memory_gib * GIB
+    assert judge_conflict(clash, "infer", memory, T4_MIB, 90.0, START) is None
+    verdict = judge_conflict(clash, "infer", memory, T4_MIB, 90.0, START, other_share_no=True)
+    assert verdict is not None and verdict.job_id == "3044" and verdict.reason.endswith("job 3046 asked share=no")
+
+
+def conflict(other_admin_comment: str = "aigc_class=train", other_comment: str = "") -> FakeSlurm:
     """Job 10 holds GPU 3 of t4-01 through shards; Slurm gave the same GPU whole to job 11."""
     jobs = {"10": FakeJob("10", node="t4-01", gpu_type="t4", shards=8, gres_detail="shard:8(IDX:3)",
                           admin_comment="aigc_class=infer"),
-            "11": FakeJob("11", node="t4-01", gpu_type="t4", gpus=1, gres_detail="gpu:t4:1(IDX:3)")}
+            "11": FakeJob("11", node="t4-01", gpu_type="t4", gpus=1, gres_detail="gpu:t4:1(IDX:3)",
+                          admin_comment=other_admin_comment, comment=other_comment)}
     return FakeSlurm([FakeNode("t4-01", gres="gpu:t4:4,shard:t4:64")], jobs=jobs)
 
 
@@ -105,6 +115,21 @@ def test_while_the_two_fit_nothing_is_done(tmp_path: Path) -> None:
     fake = conflict()
     report = make(url, fake, other_gib=4.0).tick()  # 10 of 16 GiB
     assert report.results == () and fake.mutations() == []
+
+
+def test_share_no_is_read_from_the_stamp_only(tmp_path: Path) -> None:
+    """10 of 16 GiB: under the 90 % rule, so only the whole-GPU job's share=no makes it act, and
+    only as the hook stamped it: the owner's comment, which they can edit while the job runs,
+    must not let them aim a requeue at a neighbour."""
+    fake = conflict(other_comment="aigc:type=train,share=no")
+    report = make(f"sqlite:///{tmp_path / 'comment.db'}", fake, other_gib=4.0).tick()
+    assert report.results == () and fake.mutations() == []
+    fake = conflict(other_admin_comment="aigc_class=train aigc_share=no")
+    report = make(f"sqlite:///{tmp_path / 'stamp.db'}", fake, other_gib=4.0).tick()
+    assert [(r.job_id, r.action, r.state) for r in report.results] == [("10", "requeue", "done")]
+    assert fake.jobs["11"].state == "RUNNING" and fake.jobs["11"].restarts == 0
+    (row,) = ReclaimStore(open_database(f"sqlite:///{tmp_path / 'stamp.db'}")).audit()
+    assert row.detail["message"].endswith("job 11 asked share=no; requeue")
 
 
 def test_the_shard_job_is_requeued_at_once_and_the_whole_gpu_job_kept(tmp_path: Path) -> None:
