@@ -117,7 +117,8 @@ def _shard_defect(config: dict[str, str]) -> Finding | None:
         return None
     return Finding("gpu sharing", True, f"Slurm {version} can give a GPU whole while a shard job still runs on it; "
                    "the controller requeues the shard job once the two fill reclaim.gpu_conflict_memory_pct of the "
-                   "GPU's memory (docs/reclaim.md, GPU conflicts), and separate nodes for shard jobs avoid it")
+                   "GPU's memory, or at once when the other job asked share=no (docs/reclaim.md, GPU conflicts), "
+                   "and separate nodes for shard jobs avoid it")
 
 
 def _prolog(env: DoctorEnv, config: dict[str, str]) -> Finding:

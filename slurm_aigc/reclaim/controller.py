@@ -41,7 +41,7 @@ from slurm_aigc.reclaim.detect import (
     detect,
     no_samples_verdict,
 )
-from slurm_aigc.reclaim.gpuconflict import MIB_PER_GIB, Conflict, find_conflicts, judge_conflict
+from slurm_aigc.reclaim.gpuconflict import Conflict, find_conflicts, judge_conflict
 from slurm_aigc.reclaim.jobs import (
     is_gpu_job,
     job_facts,
@@ -62,6 +62,7 @@ from slurm_aigc.reclaim.store import ReclaimStore, SampleRow
 from slurm_aigc.reclaim.tracker import StretchTracker
 from slurm_aigc.slurm import JobInfo, NodeInfo, SlurmCli
 from slurm_aigc.tags import trusted_share_no
+from slurm_aigc.units import MIB_PER_GIB
 
 LOG = logging.getLogger(__name__)
 

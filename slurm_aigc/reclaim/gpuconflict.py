@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from slurm_aigc.reclaim.detect import Verdict
 from slurm_aigc.slurmrecords import JobInfo
 from slurm_aigc.telemetry.gres import job_whole_and_shard_gpus
+from slurm_aigc.units import MIB_PER_GIB
 
 GPU_CONFLICT = "gpu_conflict"
-MIB_PER_GIB = 1024.0
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from slurm_aigc.reclaim.config import UNCLASSIFIED
 from slurm_aigc.reclaim.ladder import JobFacts, job_class_of, opted_out
 from slurm_aigc.slurmrecords import JobInfo
 from slurm_aigc.tags import trusted_tags
+from slurm_aigc.units import MIB_PER_GIB
 
 _ALLOC_GPU_RE = re.compile(r"(?:^|,)gres/gpu=(\d+)")
 _ALLOC_SHARD_RE = re.compile(r"(?:^|,)gres/shard=(\d+)")
@@ -175,7 +176,7 @@ def shard_memory_limit_mib(job: JobInfo, gib_per_shard_by_node: Mapping[str, flo
     if not shards or not job.node_list:
         return 0.0
     per_shard = gib_per_shard_by_node.get(first_node(job.node_list), 0.0)
-    return shards / max(job.num_nodes, 1) * per_shard * 1024.0
+    return shards / max(job.num_nodes, 1) * per_shard * MIB_PER_GIB
 
 
 def node_names(node_list: str) -> list[str]:

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Sequence
 
 from slurm_aigc.reclaim.detect import JobWindow, Verdict
 from slurm_aigc.series import GpuSeries
+from slurm_aigc.units import MIB_PER_GIB
 
 OVER_MEMORY = "over_memory"
 
@@ -72,8 +73,8 @@ def _verdict(window: JobWindow, node: str, gpus: int, run: Sequence[tuple[float,
              allowance_mib: float, now_ts: float) -> Verdict:
     meta = window.meta
     peak = max(mib for _, mib in run)
-    reason = (f"its processes use {peak / 1024:.1f} GiB of GPU memory on {node}, above its shards' "
-              f"{limit_mib / 1024:.1f} GiB (+ {allowance_mib / 1024:.1f} GiB allowed for CUDA contexts), "
+    reason = (f"its processes use {peak / MIB_PER_GIB:.1f} GiB of GPU memory on {node}, above its shards' "
+              f"{limit_mib / MIB_PER_GIB:.1f} GiB (+ {allowance_mib / MIB_PER_GIB:.1f} GiB allowed for CUDA contexts), "
               f"for {len(run)} samples in a row")
     return Verdict(meta.job_id, meta.job_class, OVER_MEMORY, reason, now_ts, run[-1][0] - run[0][0], run[0][0],
                    gpus, None, ())

@@ -26,9 +26,8 @@ from slurm_aigc.replay.workload import (
 )
 from slurm_aigc.report.records import SampleSlice
 from slurm_aigc.report.sacct import JobRecord
+from slurm_aigc.units import MIB_PER_GIB
 from slurm_aigc.validation import parse_size_gib
-
-MIB_PER_GIB = 1024.0
 
 
 @dataclass(frozen=True)

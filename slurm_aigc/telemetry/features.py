@@ -25,6 +25,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Sequence
 
+from slurm_aigc.units import MIB_PER_GIB
+
 # GPU type features we recognise as ours (derived by `gpu_type_feature`).
 GPU_TYPE_FEATURES = frozenset({
     "a2", "a10", "a16", "a30", "a40", "a100", "a800", "b100", "b200", "gb200", "gh200",
@@ -61,7 +63,7 @@ def memory_class_feature(memory_total_mib: float | None) -> str | None:
     """81920 MiB -> 'vram80g'; 15360 MiB (a T4) -> 'vram16g'; the marketed size in GB."""
     if not memory_total_mib or memory_total_mib <= 0:
         return None
-    gib = memory_total_mib / 1024.0
+    gib = memory_total_mib / MIB_PER_GIB
     size = next((c for c in _MEMORY_CLASSES_GB if c >= gib - 0.5), round(gib))
     return f"vram{size}g"
 

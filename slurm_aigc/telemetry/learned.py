@@ -69,6 +69,7 @@ from slurm_aigc.policy.model import LearnedConfig
 from slurm_aigc.report.records import SampleSlice
 from slurm_aigc.stats import mean, percentile
 from slurm_aigc.tags import UNKNOWN_CLASS, trusted_tags
+from slurm_aigc.units import MIB_PER_GIB
 
 PATTERN_READ = 128  # bytes of a job name the key is made from (< slurmdbd's 255)
 # A sample at or under this SM % is loading or idle, not computing (reclaim calls <= 1 % idle;
@@ -223,7 +224,7 @@ def _entry(uid: int, user: str, pattern: str, jobs: Sequence[HistoryJob], usage:
     p50 = percentile(peaks, 50) if p95 is not None else None
     vram = None
     if p95 is not None and p50 is not None and p95 <= config.max_vram_spread * p50:  # a tight key
-        vram = max(1, math.ceil(p95 * (1 + config.vram_margin_pct / 100) / 1024 - 1e-9))
+        vram = max(1, math.ceil(p95 * (1 + config.vram_margin_pct / 100) / MIB_PER_GIB - 1e-9))
     sm_mean = mean(sms) if len(sms) >= config.min_jobs else None
     sm = None if sm_mean is None else round(min(1.0, max(0.0, sm_mean / 100)), 2)
     if job_class is None and vram is None and sm is None:

@@ -41,10 +41,10 @@ from slurm_aigc.telemetry.simgpu import (
     read_inventory,
     write_proc_load,
 )
+from slurm_aigc.units import MIB_PER_GIB
 
 LOG = logging.getLogger(__name__)
 
-MIB_PER_GIB = 1024.0
 
 
 @dataclass(frozen=True)

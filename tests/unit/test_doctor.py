@@ -112,6 +112,6 @@ def test_a_controller_on_slurm_2205_with_shards_is_told_of_the_gpu_conflict_defe
                               "controller", None, None)
     notes = [f for f in findings if f.check == "gpu sharing"]
     assert [f.ok for f in notes] == ([True] if noted else [])
-    assert not noted or "gpu_conflict_memory_pct" in notes[0].detail
+    assert not noted or ("gpu_conflict_memory_pct" in notes[0].detail and "share=no" in notes[0].detail)
     agent = doc.run_checks(env(slurm_config=lambda: config), "agent", None, None)
     assert all(f.check != "gpu sharing" for f in agent)
