@@ -85,9 +85,11 @@ def render_slurm_conf(shape: ClusterShape, layout: Layout) -> str:
         "SwitchType=switch/none" if layout.slurm_version < (23, 11, 0) else "",
         "SchedulerType=sched/backfill",
         # Slurm's main scheduler stops at the first job of a partition that cannot start, so small
-        # jobs behind a pending 8-GPU job wait for backfill; 10 s instead of 30 s keeps that wait
-        # short for both stock and slurm-aigc runs (a common tuning on busy GPU clusters).
-        "SchedulerParameters=bf_interval=10",
+        # jobs behind a pending 8-GPU job wait for backfill. Replays compress time 60x: a real
+        # cluster's 30 s cycle against hour-long jobs is under 1 s here, and 1 s is Slurm's
+        # shortest. At 10 s, GPUs sat free for seconds after each job in both runs, which cost
+        # stock Slurm more than slurm-aigc (docs/benchmarks.md, "Backfill every second").
+        "SchedulerParameters=bf_interval=1",
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_CPU",
         "GresTypes=gpu,shard",
