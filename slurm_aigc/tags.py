@@ -11,7 +11,8 @@ Two different texts, two different trust levels (docs/tags.md, docs/security.md)
   Slurm admins: `scontrol update AdminComment=` by a job owner is refused ("Access/permission
   denied", measured on 22.05). The hook opens it with the stamp `aigc_class=<class>`
   (`aigc_reclaim=no` when the user opted out, `aigc_share=no` when the user asked never to
-  share a GPU, `aigc_signal=B.USR1` when the user declared the job handles that signal), e.g. `aigc_class=train aigc_reclaim=no; aigc-reclaim: job 7 idle: ...`.
+  share a GPU, `aigc_signal=B.USR1` when the user declared the job handles that signal),
+  e.g. `aigc_class=train aigc_reclaim=no; aigc-reclaim: job 7 idle: ...`.
   `trusted_class` / `trusted_tags` read that stamp; the daemons decide with it.
 
 The stamp is the run of `aigc_<key>=<value>` words at the very start of the AdminComment,

@@ -411,7 +411,8 @@ class Controller:
                                    now - self.config.gap_s)
         newest = {(r.job_id, r.node, r.gpu_index): r.memory_used_mib for r in rows}  # sorted by time
         # share=no from the stamp, never the comment: its owner could aim a requeue at a neighbour.
-        share_no = {j.job_id for j in listing if trusted_share_no(j.admin_comment)}
+        others = {c.other for c in conflicts}
+        share_no = {j.job_id for j in listing if j.job_id in others and trusted_share_no(j.admin_comment)}
         found = dict(verdicts)
         for conflict in conflicts:
             mine, other = (newest.get((job_id, conflict.node, conflict.index)) for job_id in (conflict.job_id, conflict.other))
