@@ -21,6 +21,7 @@ from slurm_aigc.policy.install import install_hook
 from slurm_aigc.policy.loader import load_policy
 from slurm_aigc.policy.paths import shipped_policy
 from slurm_aigc.policy.render import render_hook
+from slurm_aigc.reclaim.store import ActionRow
 from slurm_aigc.tags import trusted_share_no
 from tests.conftest import SLURM_AIGC_BIN
 from tests.integration.helpers import allocated_gpu_indices, submit, wait_for, wait_job_state
@@ -82,26 +83,41 @@ def load(mem: str) -> str:
     return f"{SLURM_AIGC_BIN} gpu-load --profile busy --util 40 --mem {mem} --seconds 0\n"
 
 
-def test_the_controller_requeues_the_shard_job_on_a_gpu_given_whole(reclaim: Reclaim, jobs: list[str]) -> None:
-    """Where Slurm does give the GPU whole (22.05), the controller requeues the shard job once
-    the two fill the GPU's memory (7 + 8 of 16 GiB, past the default 90 %), and leaves the
-    whole-GPU job running; Slurm's accounting is then right again."""
+def given_whole_beside(reclaim: Reclaim, jobs: list[str], shard_mem: str, newcomer_script: str,
+                       *newcomer_args: str, user: str | None) -> tuple[str, str, str, str]:
+    """A shard job keeping `shard_mem` of a t4 GPU that Slurm 22.05 then gives whole to a new job
+    (skips elsewhere). Returns (node, whole-GPU gres, shard job, the new job)."""
     cluster = reclaim.cluster
     if cluster.slurm.version()[:2] != (22, 5):
         pytest.skip(f"Slurm {cluster.slurm.version()} keeps the GPU until its last shard job ends: no conflict")
     reclaim.policy.write_text(MEMGUARD_POLICY)  # with the inventory: a t4's 16 GiB
-    node, gres, shard_job, shared = one_shard_job_left(cluster, jobs, load("7G"), "--requeue", user=None)
-    newcomer = submit(cluster, load("8G"), f"--gres={gres}", f"--nodelist={node}", user=None)
+    node, gres, shard_job, shared = one_shard_job_left(cluster, jobs, load(shard_mem), "--requeue", user=None)
+    newcomer = submit(cluster, newcomer_script, f"--gres={gres}", f"--nodelist={node}", *newcomer_args, user=user)
     jobs.append(newcomer)
     running(reclaim, newcomer)
     assert allocated_gpu_indices(cluster, newcomer) == shared, "the defect did not reproduce"
+    return node, gres, shard_job, newcomer
+
+
+def requeued_for_the_conflict(reclaim: Reclaim, shard_job: str, newcomer: str) -> ActionRow:
+    """The controller requeues the shard job and leaves the whole-GPU job running; its audit row."""
     # Only the shard job in the controller's scope (`--job`); the conflict is read from the whole listing.
     reclaim.tick_until((shard_job,), lambda: bool(finished(reclaim.actions(shard_job), "requeue")), 60,
                        f"shard job {shard_job} to be requeued")
     rows = reclaim.actions(shard_job)
     assert [(r.verdict, r.action, r.state) for r in rows] == [("gpu_conflict", "requeue", "done")], [r.detail for r in rows]
-    kept = cluster.slurm.job(newcomer)
+    kept = reclaim.cluster.slurm.job(newcomer)
     assert kept is not None and (kept.state, kept.restarts) == ("RUNNING", 0)
+    return rows[0]
+
+
+def test_the_controller_requeues_the_shard_job_on_a_gpu_given_whole(reclaim: Reclaim, jobs: list[str]) -> None:
+    """Where Slurm does give the GPU whole (22.05), the controller requeues the shard job once
+    the two fill the GPU's memory (7 + 8 of 16 GiB, past the default 90 %), and leaves the
+    whole-GPU job running; Slurm's accounting is then right again."""
+    cluster = reclaim.cluster
+    node, gres, shard_job, newcomer = given_whole_beside(reclaim, jobs, "7G", load("8G"), user=None)
+    requeued_for_the_conflict(reclaim, shard_job, newcomer)
     assert wait_job_state(cluster, shard_job, ("PENDING", "RUNNING"), timeout_s=30).restarts == 1
     # The node is full again in Slurm's eyes: one more whole-GPU job waits for Resources.
     late = submit(cluster, SLEEP, f"--gres={gres}", f"--nodelist={node}")
@@ -113,22 +129,9 @@ def test_a_whole_gpu_job_that_asked_share_no_gets_its_gpu_to_itself(reclaim: Rec
     """A shard job keeping 3 of 16 GiB is far under the 90 % rule, but the job Slurm gave the
     GPU whole asked `aigc:share=no`: the hook stamps that at submit, and the controller requeues
     the shard job without waiting for memory to run short."""
-    cluster = reclaim.cluster
-    if cluster.slurm.version()[:2] != (22, 5):
-        pytest.skip(f"Slurm {cluster.slurm.version()} keeps the GPU until its last shard job ends: no conflict")
-    reclaim.policy.write_text(MEMGUARD_POLICY)
-    install_hook(render_hook(load_policy(shipped_policy())), cluster.etc_dir)  # the hook writes the stamp
-    node, gres, shard_job, shared = one_shard_job_left(cluster, jobs, load("3G"), "--requeue", user=None)
-    newcomer = submit(cluster, SLEEP, f"--gres={gres}", f"--nodelist={node}", "--comment=aigc:share=no")
-    jobs.append(newcomer)
-    running(reclaim, newcomer)
-    assert allocated_gpu_indices(cluster, newcomer) == shared, "the defect did not reproduce"
-    stamped = cluster.slurm.job(newcomer)
-    assert stamped is not None and trusted_share_no(stamped.admin_comment), stamped.admin_comment
-    reclaim.tick_until((shard_job,), lambda: bool(finished(reclaim.actions(shard_job), "requeue")), 60,
-                       f"shard job {shard_job} to be requeued")
-    rows = reclaim.actions(shard_job)
-    assert [(r.verdict, r.action, r.state) for r in rows] == [("gpu_conflict", "requeue", "done")], [r.detail for r in rows]
-    assert "asked share=no" in rows[0].detail["message"]
-    kept = cluster.slurm.job(newcomer)
-    assert kept is not None and (kept.state, kept.restarts) == ("RUNNING", 0)
+    install_hook(render_hook(load_policy(shipped_policy())), reclaim.cluster.etc_dir)  # the hook writes the stamp
+    _, _, shard_job, newcomer = given_whole_beside(reclaim, jobs, "3G", SLEEP, "--comment=aigc:share=no",
+                                                   user="aigc-alice")
+    stamped = reclaim.cluster.slurm.job(newcomer)
+    assert stamped is not None and trusted_share_no(stamped.admin_comment), stamped
+    assert "asked share=no" in requeued_for_the_conflict(reclaim, shard_job, newcomer).detail["message"]
