@@ -9,6 +9,7 @@ Slurm has the 22.05 shard defect. Exit 1 when any check fails.
 
 from __future__ import annotations
 
+import glob
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -19,7 +20,9 @@ import click
 from slurm_aigc.errors import AigcError
 
 MAX_SKEW_S = 2.0  # idle windows are minutes, but samples and actions are ordered by these clocks
-PROLOG_MARK = "slurm-aigc"
+# The job record script's name: in our script itself (a link to it reads the same) and in a
+# site wrapper that calls it.
+JOB_RECORD_MARK = "slurm-aigc-jobrecord"
 
 # What each role must and must not be able to do (docs/deploy.md, "Database roles").
 EXPECTED: dict[str, dict[str, bool]] = {
@@ -53,6 +56,8 @@ class DoctorEnv:
     nvml_gpus: Callable[[], int]
     load_policy: Callable[[str | None], object]
     read_text: Callable[[str], str]
+    # slurm.conf's Prolog= and Epilog= may be a glob (e.g. /etc/slurm/prolog.d/*): the files it names.
+    expand: Callable[[str], list[str]] = lambda pattern: sorted(glob.glob(pattern))
     clock: Callable[[], float] = time.time
     euid: Callable[[], int] = os.geteuid
 
@@ -122,17 +127,29 @@ def _shard_defect(config: dict[str, str]) -> Finding | None:
 
 
 def _prolog(env: DoctorEnv, config: dict[str, str]) -> Finding:
-    scripts = [config.get(key, "") for key in ("Prolog", "Epilog", "TaskProlog")]
-    configured = [path for path in scripts if path and path != "(null)"]
-    for path in configured:
+    """Both ends of the job record: the Prolog writes it, the Epilog removes it (a record never
+    removed keeps an ended job's GPUs attributed to it)."""
+    found = {key: _calling(env, config.get(key, "")) for key in ("Prolog", "Epilog")}
+    missing = [key for key, path in found.items() if path is None]
+    if not missing:
+        return Finding("prolog", True, f"{found['Prolog']} and {found['Epilog']} record job GPUs for slurm-aigc")
+    said = ", ".join(f"{key}={config.get(key) or '(null)'}" for key in missing)
+    return Finding("prolog", False, f"{said}: no script there calls {JOB_RECORD_MARK}",
+                   "add the Prolog and Epilog lines of docs/deploy.md (step 6) to slurm.conf and "
+                   "`scontrol reconfigure`")
+
+
+def _calling(env: DoctorEnv, pattern: str) -> str | None:
+    """The first file `pattern` names that calls the job record script, else None."""
+    if not pattern or pattern == "(null)":
+        return None
+    for path in env.expand(pattern):
         try:
-            if PROLOG_MARK in env.read_text(path):
-                return Finding("prolog", True, f"{path} records job GPUs for slurm-aigc")
-        except OSError:
-            continue
-    return Finding("prolog", False, "no Prolog/Epilog of slurm.conf calls slurm-aigc" if not configured
-                   else f"{', '.join(configured)} do not call slurm-aigc",
-                   "add the Prolog lines of docs/deploy.md (step 6) to slurm.conf and `scontrol reconfigure`")
+            if JOB_RECORD_MARK in env.read_text(path):
+                return path
+        except (OSError, UnicodeDecodeError):
+            continue  # a binary or unreadable Prolog of the site's own: not ours
+    return None
 
 
 def check_nvml(env: DoctorEnv) -> Finding:

@@ -20,10 +20,11 @@ CONTROLLER_CAN = dict.fromkeys(AGENT_CAN, True)
 def env(**changes: object) -> doc.DoctorEnv:
     healthy = doc.DoctorEnv(
         open_db=lambda url: object(), privileges=lambda factory: dict(AGENT_CAN), server_time=lambda f: 1000.0,
-        slurm_config=lambda: {"SLURM_VERSION": "22.05.8", "Prolog": "/etc/slurm/prolog.sh", "SlurmUser": "slurm(64030)"},
+        slurm_config=lambda: {"SLURM_VERSION": "22.05.8", "Prolog": "/etc/slurm/prolog.sh",
+                              "Epilog": "/etc/slurm/epilog.sh", "SlurmUser": "slurm(64030)"},
         slurm_ping=lambda: True, slurm_admin_level=lambda: "Operator", nvml_gpus=lambda: 8,
         load_policy=lambda path: object(), read_text=lambda path: "exec slurm-aigc-jobrecord prolog\n",
-        clock=lambda: 1000.0, euid=lambda: 0,
+        expand=lambda pattern: [pattern], clock=lambda: 1000.0, euid=lambda: 0,
     )
     return replace(healthy, **changes)  # type: ignore[arg-type]
 
@@ -62,6 +63,32 @@ def test_clock_skew_against_the_database_server() -> None:
     findings = failed(doc.run_checks(env(server_time=lambda f: 1007.5), "controller", None, None))
     assert findings["clock"].detail == "this host is +7.5 s off the database server"
     assert "chrony" in findings["clock"].fix
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_prolog_and_epilog_globs_are_read_file_by_file(tmp_path: Path) -> None:
+    # A site keeps its own prolog.d scripts (one of them binary) and links ours in beside them.
+    for end in ("prolog.d", "epilog.d"):
+        (tmp_path / end).mkdir()
+        (tmp_path / end / "10-site").write_bytes(b"\x7fELF\xff\xfe")
+        (tmp_path / end / "50-slurm-aigc").symlink_to(REPO / "daemon" / "slurm-aigc-jobrecord")
+    conf = {"Prolog": f"{tmp_path}/prolog.d/*", "Epilog": f"{tmp_path}/epilog.d/*"}
+    real = env(slurm_config=lambda: conf, read_text=lambda path: Path(path).read_text(encoding="utf-8"),
+               expand=doc.DoctorEnv.expand)
+    finding = {f.check: f for f in doc.run_checks(real, "agent", None, None)}["prolog"]
+    assert finding.ok, finding
+    assert finding.detail.startswith(f"{tmp_path}/prolog.d/50-slurm-aigc and {tmp_path}/epilog.d/50-slurm-aigc")
+
+
+def test_a_prolog_without_the_epilog_or_only_our_taskprolog_fails() -> None:
+    only_prolog = failed(doc.run_checks(env(slurm_config=lambda: {"Prolog": "/etc/slurm/prolog.sh"}),
+                                        "agent", None, None))
+    assert only_prolog["prolog"].detail == "Epilog=(null): no script there calls slurm-aigc-jobrecord"
+    task = env(slurm_config=lambda: {"Prolog": "(null)", "TaskProlog": "/usr/local/libexec/slurm-aigc-taskprolog"},
+               read_text=lambda path: (REPO / "daemon" / "slurm-aigc-taskprolog").read_text(encoding="utf-8"))
+    assert "Prolog=(null), Epilog=(null)" in failed(doc.run_checks(task, "agent", None, None))["prolog"].detail
 
 
 def test_missing_prolog_nvml_policy_and_rights() -> None:
