@@ -63,6 +63,21 @@ def _controller(config_file: str | None, db_url: str | None, dry_run: bool | Non
     return controller, hooks
 
 
+def _reload(ctl: Controller, hooks: PublisherHooks | None, config_file: str | None, dry_run: bool | None) -> None:
+    """SIGHUP: the policy again, and with it `reclaim.dry_run`, unless the command line set the mode."""
+    config = load_reclaim_config(config_file)
+    dry = config.dry_run if dry_run is None else dry_run
+    if dry != ctl.dry_run:
+        LOG.warning("slurm-aigc controller: now %s", _mode(dry))
+    ctl.set_config(config, dry_run=dry)
+    if hooks is not None:
+        hooks.reload(dry)
+
+
+def _mode(dry_run: bool) -> str:
+    return "DRY-RUN (nothing is changed in Slurm)" if dry_run else "LIVE"
+
+
 def _with_learner(hooks: PublisherHooks | None, slurm: SlurmCli, db_url: str | None, config_file: str | None,
                   dry_run: bool) -> PublisherHooks | None:
     """The publisher's hooks with the learner of `learned:` after it (docs/policy.md), when enabled."""
@@ -74,11 +89,11 @@ def _with_learner(hooks: PublisherHooks | None, slurm: SlurmCli, db_url: str | N
         return hooks
     learner = open_learner(policy.learned, policy.classes, db_url, slurm, dry_run=dry_run)
 
-    def reload() -> None:
+    def reload(dry: bool) -> None:
         if hooks is not None:
-            hooks.reload()
+            hooks.reload(dry)
         fresh = load_policy(config_file, hook_sections=False)
-        learner.set_config(fresh.learned, tuple(fresh.classes) or learner.classes)
+        learner.set_config(fresh.learned, tuple(fresh.classes) or learner.classes, dry_run=dry)
 
     return PublisherHooks(with_learner(hooks.tick if hooks else None, learner), reload,
                           hooks.nodes_seen if hooks else (lambda: None))
@@ -109,8 +124,7 @@ def controller(config_file: str | None, db_url: str | None, interval_s: float | 
     from slurm_aigc.daemonloop import DaemonLoop
 
     ctl, hooks = _controller(config_file, db_url, dry_run, publisher, jobs)
-    mode = "DRY-RUN (nothing is changed in Slurm)" if ctl.dry_run else "LIVE"
-    click.echo(f"slurm-aigc controller: {mode}", err=True)
+    click.echo(f"slurm-aigc controller: {_mode(ctl.dry_run)}", err=True)
     retention = None if once or jobs else _retention(config_file, db_url)
 
     def tick() -> None:
@@ -123,12 +137,8 @@ def controller(config_file: str | None, db_url: str | None, interval_s: float | 
             counts = ", ".join(f"{k}={v}" for k, v in sorted(summary(report.assessment.views).items())) or "no GPU jobs"
             click.echo(f"{len(report.assessment.views)} running GPU job(s): {counts}; {len(report.results)} action(s)")
 
-    def reload() -> None:
-        ctl.set_config(load_reclaim_config(config_file))
-        if hooks is not None:
-            hooks.reload()
-
-    loop = DaemonLoop(tick, interval_s or ctl.config.poll_interval_s, reload, name="slurm-aigc controller")
+    loop = DaemonLoop(tick, interval_s or ctl.config.poll_interval_s, lambda: _reload(ctl, hooks, config_file, dry_run),
+                      name="slurm-aigc controller")
     raise SystemExit(loop.run(once=once))
 
 

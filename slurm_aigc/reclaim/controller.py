@@ -284,9 +284,16 @@ class Controller:
         self._seen_used: Sequence[NodeInfo] | None = None
         self._conflicts_seen: set[Conflict] = set()
 
-    def set_config(self, config: ReclaimConfig) -> None:
-        """Use a new, already validated config from the next tick on (SIGHUP)."""
+    def set_config(self, config: ReclaimConfig, dry_run: bool | None = None) -> None:
+        """Use a new, already validated config from the next tick on (SIGHUP).
+
+        `dry_run`: the mode from then on (the command line's override, else the new
+        `reclaim.dry_run`); None keeps the current one. An admin goes live, or back to
+        dry-run, by editing the policy and reloading: a mode fixed at start would ignore that.
+        """
         self.config = config
+        if dry_run is not None:
+            self.dry_run = dry_run
         self._actuator.config = config
         self._tracker = StretchTracker()  # thresholds changed: judge the windows afresh
         self._gpu_types = None  # an admin reloading after a slurm.conf change expects a re-read
@@ -519,7 +526,7 @@ class PublisherHooks:
     latest node listing (the controller's shards-per-GPU inventory reads it: no listing of its own)."""
 
     tick: PublisherTick
-    reload: Callable[[], None]
+    reload: Callable[[bool], None]  # re-read the policy; the argument: dry-run from now on
     nodes_seen: Callable[[], Sequence[NodeInfo] | None]
 
 
@@ -533,8 +540,8 @@ def load_publisher(slurm: SlurmCli, db_url: str | None, config_file: str | None,
         return None
     publisher = open_publisher(load_scoring_config(config_file), db_url, dry_run=dry_run, slurm=slurm)
 
-    def reload() -> None:
-        publisher.set_config(load_scoring_config(config_file))
+    def reload(dry_run: bool) -> None:
+        publisher.set_config(load_scoring_config(config_file), dry_run=dry_run)
 
     # Our loop runs at reclaim.poll_interval_s; the publisher keeps its own scoring.interval_s.
     return PublisherHooks(publisher.tick_when_due, reload, lambda: publisher.last_nodes)

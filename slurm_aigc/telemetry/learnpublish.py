@@ -71,10 +71,16 @@ class LearnedPublisher:
         self._last_run: float | None = None
         self._written: bytes | None = None
 
-    def set_config(self, config: LearnedConfig, classes: Sequence[str]) -> None:
-        """Use a new (validated) config from the next run on (SIGHUP); the history is read afresh."""
+    def set_config(self, config: LearnedConfig, classes: Sequence[str], dry_run: bool | None = None) -> None:
+        """Use a new (validated) config from the next run on (SIGHUP); the history is read afresh.
+
+        `dry_run` (None: unchanged) switches the mode; going live writes the file at the next run.
+        """
         self.config, self.classes = config, tuple(classes)
         self._read_until = None
+        if dry_run is not None and dry_run != self._dry_run:
+            self._dry_run = dry_run
+            self._written = None
 
     def tick_when_due(self) -> list[LearnedEntry] | None:
         """`tick()` at most once per `interval_s` (the controller's loop runs faster); None when not due."""

@@ -113,9 +113,19 @@ class Publisher:
         # controller takes its shards-per-GPU inventory from it instead of listing again.
         self.last_nodes: tuple[NodeInfo, ...] | None = None
 
-    def set_config(self, config: ScoringConfig) -> None:
-        """Use a new (already validated) scoring config from the next cycle on (SIGHUP)."""
+    def set_config(self, config: ScoringConfig, dry_run: bool | None = None) -> None:
+        """Use a new (already validated) scoring config from the next cycle on (SIGHUP).
+
+        `dry_run` (None: unchanged) switches the mode. What one mode knew of Slurm is not the
+        other's: the weights last written are read again from the database, the simulated
+        features dropped and the published-features file written again.
+        """
         self.config = config
+        if dry_run is not None and dry_run != self._dry_run:
+            self._dry_run = dry_run
+            self._last_weights = None
+            self._simulated = {}
+            self._listed = {}
 
     def tick_when_due(self, jobs: Sequence[JobInfo] | None = None,
                       nodes: Sequence[NodeInfo] | None = None) -> list[NodePlan]:

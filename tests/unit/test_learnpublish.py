@@ -115,6 +115,9 @@ def test_tick_when_due_waits_for_interval_s_and_dry_run_writes_nothing(tmp_path:
                            uids=UIDS.get)
     dry.tick()
     assert not (tmp_path / "dry.txt").exists()
+    dry.set_config(dry.config, dry.classes, dry_run=False)  # the admin went live and reloaded
+    dry.tick()
+    assert (tmp_path / "dry.txt").exists()
 
 
 def test_the_learner_runs_even_when_the_publisher_fails(tmp_path: Path, db: sessionmaker[Session]) -> None:

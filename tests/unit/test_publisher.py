@@ -277,6 +277,9 @@ def test_dry_run_writes_nothing_and_records_each_change_once(store: TelemetrySto
     assert slurm.updates() == [] and slurm.nodes["a100-01"].features == ["a100", "nvlink8"]
     (record,) = store.publications()
     assert record.dry_run and "nvfree8" in (record.features_after or ())
+    publisher.set_config(ScoringConfig(), dry_run=False)  # reload after going live: what it only simulated, it writes
+    assert len(publisher.tick()) == 1
+    assert "nvfree8" in slurm.nodes["a100-01"].features and len(slurm.updates()) == 1
 
 
 def test_a_slurm_outage_fails_the_tick_for_the_loop_to_back_off(store: TelemetryStore) -> None:

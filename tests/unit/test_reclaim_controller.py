@@ -187,6 +187,32 @@ def test_dry_run_override_changes_nothing(db_url: str) -> None:
     assert fake.mutations() == []
 
 
+def test_a_reload_switches_dry_run_as_the_policy_now_says_unless_the_command_line_set_it(
+        db_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    fake = FakeSlurm(jobs={"7": FakeJob("7")})
+    now = datetime.now().timestamp()
+    add_samples(db_url, "7", 1, now, start=now - 200.0)
+    monkeypatch.setattr(cli, "SlurmCli", lambda: SlurmCli(runner=fake))
+    policy = tmp_path / "policy.yaml"
+    body = "reclaim:\n  dry_run: {}\n  poll_interval_s: 10\n  defaults: {{grace_s: 10, window_s: 60, min_samples: 3}}\n"
+    policy.write_text(body.format("true"))
+    ctl, hooks = cli._controller(str(policy), db_url, None, True)
+    assert [(r.action, r.state) for r in ctl.tick().results] == [("notify", "skipped")]
+    assert hooks is not None and ctl.dry_run and ctl.tick().results == ()
+    policy.write_text(body.format("false"))  # the admin goes live, then `systemctl reload`
+    cli._reload(ctl, hooks, str(policy), None)
+    assert not ctl.dry_run and not hooks.tick.__self__._dry_run  # type: ignore[attr-defined]
+    assert [(r.action, r.state) for r in ctl.tick().results] == [("notify", "done")]
+    assert "aigc-reclaim: job 7 idle" in fake.jobs["7"].admin_comment
+    policy.write_text(body.format("true"))  # and back: nothing more is changed in Slurm
+    cli._reload(ctl, hooks, str(policy), None)
+    before = fake.mutations()
+    assert ctl.dry_run and ctl.tick().results == () and fake.mutations() == before
+    policy.write_text(body.format("false"))
+    cli._reload(ctl, hooks, str(policy), True)  # started with --dry-run: that still wins
+    assert ctl.dry_run and hooks.tick.__self__._dry_run  # type: ignore[attr-defined]
+
+
 def test_reconcile_runs_before_the_first_action(db_url: str) -> None:
     fake = FakeSlurm(jobs={"7": FakeJob("7")})
     add_samples(db_url, "7", 1, START + 200.0)
