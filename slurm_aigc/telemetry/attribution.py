@@ -49,7 +49,10 @@ LOG = logging.getLogger(__name__)
 # cgroup v1: /slurm/uid_1000/job_123/step_0/task_0 (or /slurm_<node>/... with multiple slurmd)
 # cgroup v2: /system.slice/slurmstepd.scope/job_123/step_batch/user/task_0
 #            (or /system.slice/<node>_slurmstepd.scope/... with multiple slurmd)
-_SLURM_JOB_RE = re.compile(r"/[^/]*slurm[^/]*/(?:[^/]+/)*?job_(\d+)(?:/|$)")
+# Anchored at the hierarchy's root, where only root creates cgroups: a user may create any
+# path under a cgroup delegated to them (user@UID.service, a container), e.g.
+# /user.slice/.../app.slice/slurm-x.service/job_777, and must not charge a neighbour's job.
+_SLURM_JOB_RE = re.compile(r"^/(?:slurm(?:_[^/]+)?/uid_\d+|system\.slice/(?:[^/]+_)?slurmstepd\.scope)/job_(\d+)(?:/|$)")
 
 
 class ProcView(Protocol):

@@ -40,6 +40,11 @@ NOT_SLURM = [
     "0::/user.slice/user-1000.slice/session-3.scope\n",
     "0::/system.slice/docker-abc.scope/job_5/x\n",  # a job_ folder outside Slurm's tree
     "0::/system.slice/slurmd.service\n",  # slurmd itself
+    # Under a cgroup a user was delegated (systemd-run --user -p Delegate=yes, then mkdir):
+    "0::/user.slice/user-1000.slice/user@1000.service/app.slice/slurm-x.service/job_777\n",
+    "0::/user.slice/user-1000.slice/user@1000.service/system.slice/slurmstepd.scope/job_777/step_0\n",
+    "4:memory:/user.slice/user-1000.slice/slurm/uid_1000/job_777/step_0\n",
+    "0::/system.slice/slurmstepd.scope/job_12x/step_0\n",
     "",
 ]
 
