@@ -18,7 +18,7 @@ from typing import Any
 from slurm_aigc.report.figures import GpuUse, GroupFigures, JobView, Report
 from slurm_aigc.report.records import ActionEvent
 from slurm_aigc.report.sacct import JobRecord, SkippedRow
-from slurm_aigc.textfmt import text_table
+from slurm_aigc.textfmt import printable, text_table
 
 FORMATS = ("table", "csv", "json", "html")
 _SPARK = "▁▂▃▄▅▆▇█"
@@ -322,7 +322,7 @@ def _job_head(view: JobView) -> list[str]:
     lines = [f"Job {view.job_id}"]
     if first is not None:
         lines += [f"user/account: {first.user}/{first.account}  partition: {first.partition}  qos: {first.qos}",
-                  f"name: {first.name}  AIGC class: {first.aigc_class}  state: {first.state}",
+                  f"name: {printable(first.name)}  AIGC class: {first.aigc_class}  state: {first.state}",
                   f"run segments: {len(view.segments)} (requeues: {max(0, len(view.segments) - 1)})"]
     else:
         lines.append("no sacct record for this job")

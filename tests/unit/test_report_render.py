@@ -7,6 +7,7 @@ import csv
 import io
 import json
 import re
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -119,6 +120,16 @@ def test_job_without_samples_says_so() -> None:
     text = render.render_job(view, "table", UTC)
     assert "used no samples" in text and "none recorded" in text
     assert view.gpu_hours_allocated == 0.5
+
+
+def test_a_job_name_with_control_characters_cannot_rewrite_the_admins_terminal() -> None:
+    name = "ok\n[2026-12-04] error: forged\x1b[2J\x1b]0;title\x07\u202egnp.exe"
+    records = [replace(r, name=name) for r in rows() if isinstance(r, JobRecord) and r.job_id == "109"]
+    text = render.render_job(job_view("109", records, [], [], now_ts=ts("2026-12-01T00:00:00")), "table", UTC)
+    assert "name: ok\\n[2026-12-04] error: forged\\x1b[2J\\x1b]0;title\\x07\\u202egnp.exe" in text
+    assert not re.search("[\x00-\x09\x0b-\x1f\x7f\u202e]", text)  # only the view's own newlines are left
+    table = render.text_table(["name", "GPUs"], [[name, "1"]])
+    assert table.count("\n") == 2 and "\x1b" not in table
 
 
 def test_hours_keep_precision_for_short_jobs() -> None:
