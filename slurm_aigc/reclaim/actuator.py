@@ -73,6 +73,16 @@ def merge_admin_comment(existing: str, note: str) -> str:
     return admin_comment_with(existing, note, ADMIN_COMMENT_MAX)
 
 
+def _notified(intent: Mapping[str, Any], comment: str) -> bool:
+    """Did this intent's note reach the AdminComment? Any `aigc-reclaim:` note is not enough:
+    notes outlive requeues, and the run before may have left the very same text."""
+    before, message = intent.get("admin_comment_before"), intent.get("message")
+    if not isinstance(before, str) or not isinstance(message, str):
+        return ADMIN_COMMENT_TAG in comment  # an intent recorded before these were kept
+    written = merge_admin_comment("", message)  # the note as the write shapes it (defused, capped)
+    return comment != before and comment.endswith(written[-64:])
+
+
 def recheck(plan: PlannedAction, job: JobInfo | None, config: ReclaimConfig) -> str | None:
     """Why the job as Slurm shows it now no longer allows the planned action, or None."""
     if job is None:
@@ -169,6 +179,9 @@ class Actuator:
                                   "commands": list(commands), "message": plan.message}
         if plan.skipped:
             intent["skipped_steps"] = list(plan.skipped)
+        if plan.action == "notify":
+            # Reconcile tells our write from an earlier run's identical note by the change.
+            intent["admin_comment_before"] = job.admin_comment
         action_id = self._store.record_intent(plan, intent, self._clock())
         if action_id is None:
             return ActionResult(plan.observation_key, plan.job_id, plan.action, "duplicate", plan.dry_run, commands)
@@ -359,7 +372,7 @@ class Actuator:
         if row.action == "shrink":
             return self._judge_shrink(row, job, restarted, act)
         if row.action == "notify":
-            return _judged(ADMIN_COMMENT_TAG in job.admin_comment, "admin comment is set")
+            return _judged(_notified(row.detail, job.admin_comment), "admin comment is set")
         if row.action == "cancel":
             return _judged(job.state.startswith("CANCELLED"), f"job is {job.state}")
         return "failed", {"error": f"{row.action}: outcome cannot be verified after a restart; not repeated"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -153,6 +154,31 @@ def test_crash_between_intent_and_outcome_then_reconcile_does_not_redo(store: Re
     assert fake.mutations() == []
     assert restarted.apply(plan("requeue"), show(fake)).state == "duplicate"
     assert fake.jobs["7"].restarts == 0
+
+
+def test_reconcile_of_a_notify_needs_this_intents_note_not_an_earlier_runs(store: ReclaimStore) -> None:
+    fake, _, clock, _ = setup(store)
+    live = Actuator(SlurmCli(runner=fake), store, CONFIG, clock=clock)
+    assert live.apply(plan("notify", step=0), show(fake)).state == "done"  # run 0 was warned
+    fake.jobs["7"].restarts = 1  # ... and requeued; in run 1 the same verdict, the same note
+
+    def crash(_: PlannedAction) -> None:
+        raise ActuatorCrash("killed")
+
+    run1 = PlannedAction("7/r1/idle/0:notify", "7", "aigc-alice", "aigc", "train", "idle", "notify", 0, False, 1, 4, 0,
+                         None, "aigc-reclaim: job 7 idle: because; notify")
+    crashing = Actuator(SlurmCli(runner=fake), store, CONFIG, clock=clock, after_intent=crash)
+    with pytest.raises(ActuatorCrash):
+        crashing.apply(run1, show(fake))
+    [result] = Actuator(SlurmCli(runner=fake), store, CONFIG, clock=clock).reconcile()
+    assert (result.observation_key, result.state) == ("7/r1/idle/0:notify", "failed")
+
+    store.record_intent(replace(run1, observation_key="7/r1/idle/1:notify", message="aigc-reclaim: job 7 idle: still"),
+                        {"restarts_before": 1, "admin_comment_before": fake.jobs["7"].admin_comment,
+                         "message": "aigc-reclaim: job 7 idle: still"}, clock())
+    fake.jobs["7"].admin_comment = merge_admin_comment(fake.jobs["7"].admin_comment, "aigc-reclaim: job 7 idle: still")
+    [written] = Actuator(SlurmCli(runner=fake), store, CONFIG, clock=clock).reconcile()  # the write ran, then the crash
+    assert written.state == "done"
 
 
 def test_reconcile_sees_a_requeue_that_happened(store: ReclaimStore) -> None:
