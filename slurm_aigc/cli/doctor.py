@@ -217,7 +217,7 @@ def real_env() -> DoctorEnv:
               help="What this host runs: agent (compute node) or controller.")
 @click.option("--db", "db_url", default=None,
               help="Database URL or credentials file (default: $SLURM_AIGC_DB_URL, /etc/slurm-aigc/db.url).")
-@click.option("--config", "config_path", default=None, help="Policy file (default: $SLURM_AIGC_CONFIG or /etc/slurm-aigc/slurm-aigc.yaml).")
+@click.option("--config", "config_path", default=None, help="Policy file (default: $SLURM_AIGC_CONFIG, /etc/slurm-aigc/slurm-aigc.yaml, the shipped one).")
 def doctor(role: str, db_url: str | None, config_path: str | None) -> None:
     """Check this host's database role, Slurm rights, NVML, policy, Prolog and clock; say what to fix."""
     findings = run_checks(real_env(), role, db_url, config_path)
