@@ -1,5 +1,6 @@
 """Retention: raw samples older than `storage.raw_retention_hours` become hourly per-job, per-GPU
-rollups (`job_gpu_rollups`), then are deleted in bounded batches.
+rollups (`job_gpu_rollups`), then are deleted in bounded batches; the publisher's records
+(`node_publications`) older than that are deleted too, but for each node's newest written weight.
 
 A rollup holds the sums `report` needs (used GPU-seconds, sampled seconds, peak memory), computed
 with the same slicing rule as the raw rows (`records.slices`), so a report over rolled-up hours
@@ -20,7 +21,15 @@ from itertools import groupby
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from slurm_aigc.db import GpuSample, JobGpuRollup, JobGpuSample, ProcessSample, RetentionState, transaction
+from slurm_aigc.db import (
+    GpuSample,
+    JobGpuRollup,
+    JobGpuSample,
+    NodePublication,
+    ProcessSample,
+    RetentionState,
+    transaction,
+)
 from slurm_aigc.report.records import DEFAULT_INTERVAL_S, GAP_FACTOR, SampleSlice, slices
 
 BUCKET_S = 3600.0
@@ -80,16 +89,39 @@ class Retention:
         if mark is not None:
             for model in (JobGpuSample, GpuSample, ProcessSample):
                 result.deleted[model.__tablename__] = self._delete_before(model, mark)
+        result.deleted[NodePublication.__tablename__] = self._prune_publications(cutoff)
         result.delete_s = time.monotonic() - started
         return result
 
     def _first_bucket(self) -> float | None:
+        """The mark, else the hour of the oldest raw row of any table: a node whose GPUs have not
+        run a job yet still fills `gpu_samples`, which must not wait for a first job's sample."""
         with transaction(self._factory) as session:
             mark = rolled_until(session)
             if mark is not None:
                 return mark
-            oldest = session.scalar(select(func.min(JobGpuSample.ts)))
-        return None if oldest is None else math.floor(float(oldest) / BUCKET_S) * BUCKET_S
+            found = [session.scalar(select(func.min(model.ts))) for model in (JobGpuSample, GpuSample, ProcessSample)]
+        oldest = [float(ts) for ts in found if ts is not None]
+        return math.floor(min(oldest) / BUCKET_S) * BUCKET_S if oldest else None
+
+    def _prune_publications(self, cutoff: float) -> int:
+        """Delete publisher records older than `cutoff`, `batch_rows` per transaction, but keep each
+        node's newest written weight: a restarted publisher reads it to tell whether Slurm lost it."""
+        newest = (select(func.max(NodePublication.id))
+                  .where(NodePublication.dry_run.is_(False), NodePublication.weight_after.is_not(None))
+                  .group_by(NodePublication.node))
+        deleted = 0
+        while True:
+            with transaction(self._factory) as session:
+                keep = set(session.scalars(newest))
+                ids = [row_id for row_id in session.scalars(
+                    select(NodePublication.id).where(NodePublication.ts < cutoff).order_by(NodePublication.id)
+                    .limit(self._batch + len(keep))) if row_id not in keep][:self._batch]
+                if ids:
+                    session.execute(delete(NodePublication).where(NodePublication.id.in_(ids)))
+            deleted += len(ids)
+            if len(ids) < self._batch:
+                return deleted
 
     def _roll_bucket(self, bucket: float, result: RetentionResult) -> None:
         query = select(

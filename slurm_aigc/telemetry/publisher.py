@@ -11,7 +11,8 @@ Each cycle (`Publisher.tick`, run by `slurm-aigc controller`):
 3. write a node through `scontrol update` only when its feature set differs or its weight
    moved by at least the hysteresis band, and always when Slurm lost what we wrote (after
    `scontrol reconfigure` or a slurmctld restart, Slurm forgets `scontrol update`);
-4. record each change in `node_publications`, right after its write. In dry-run nothing is
+4. record each change in `node_publications`, right before its write (and take the row out
+   again when Slurm refuses the write). In dry-run nothing is
    written to Slurm: the cycle's changes are logged and recorded at once with `dry_run` set (one
    transaction: ~190 of them a cycle at 1,000 nodes cost 0.4-1 s of commits on MariaDB), and
    remembered so each is logged once.
@@ -205,13 +206,19 @@ class Publisher:
             plan = refreshed(plan, current)
             if not plan.changes:
                 return None
-            self._slurm.update_node(plan.node, features=plan.features_after, weight=plan.weight_after)
+            # Recorded before it is done (a database that cannot record stops the writes); a
+            # write Slurm refuses is taken out of the record again. A crash in between leaves a
+            # weight Slurm lacks on record, which the next start's cycle sees and writes.
+            row_id = self._store.record_publication(self._publication(plan, now))
+            try:
+                self._slurm.update_node(plan.node, features=plan.features_after, weight=plan.weight_after)
+            except AigcError:
+                self._store.forget_publication(row_id)
+                raise
             LOG.info("updated %s: %s", plan.node, plan.reason)
         if plan.weight_after is not None:
             assert self._last_weights is not None
             self._last_weights[plan.node] = plan.weight_after
-        if not self._dry_run:
-            self._store.record_publication(self._publication(plan, now))
         return plan
 
     def _publication(self, plan: NodePlan, now: float) -> Publication:

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, cast
 
-from sqlalchemy import Table, func, insert, select
+from sqlalchemy import Table, delete, func, insert, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from slurm_aigc.db import (
@@ -111,17 +111,23 @@ class TelemetryStore:
             return [(float(ts), node, int(index), util, power, limit)
                     for ts, node, index, util, power, limit in session.execute(query)]
 
-    def record_publication(self, publication: Publication) -> None:
-        """Append one row to `node_publications`."""
-        self.record_publications([publication])
+    def record_publication(self, publication: Publication) -> int:
+        """Append one row to `node_publications`; its id (for `forget_publication`)."""
+        with transaction(self._factory) as session:
+            row = _publication_row(publication)
+            session.add(row)
+            session.flush()
+            return int(row.id)
+
+    def forget_publication(self, row_id: int) -> None:
+        """Remove a row recorded before a write that Slurm then refused: it never happened."""
+        with transaction(self._factory) as session:
+            session.execute(delete(NodePublication).where(NodePublication.id == row_id))
 
     def record_publications(self, publications: Sequence[Publication]) -> None:
         """Append rows to `node_publications` in one transaction (a dry-run cycle's, at once)."""
         with transaction(self._factory) as session:
-            session.add_all([NodePublication(
-                ts=p.ts, node=p.node, features_before=_join(p.features_before), features_after=_join(p.features_after),
-                weight_before=p.weight_before, weight_after=p.weight_after, reason=p.reason, dry_run=p.dry_run,
-            ) for p in publications])
+            session.add_all([_publication_row(p) for p in publications])
 
     def publications(self, node: str | None = None) -> list[Publication]:
         """Every recorded change, oldest first (of one node when given)."""
@@ -144,6 +150,13 @@ class TelemetryStore:
                 if weight is not None:
                     weights[node] = int(weight)
         return weights
+
+
+def _publication_row(p: Publication) -> NodePublication:
+    return NodePublication(
+        ts=p.ts, node=p.node, features_before=_join(p.features_before), features_after=_join(p.features_after),
+        weight_before=p.weight_before, weight_after=p.weight_after, reason=p.reason, dry_run=p.dry_run,
+    )
 
 
 def _gpu_row(ts: float, node: str, gpu: GpuReading) -> dict[str, object]:

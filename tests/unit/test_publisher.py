@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from slurm_aigc.db import open_database
-from slurm_aigc.errors import SlurmCommandError
+from slurm_aigc.errors import DatabaseError, SlurmCommandError
 from slurm_aigc.reclaim.config import ReclaimConfig
 from slurm_aigc.reclaim.controller import Controller
 from slurm_aigc.reclaim.store import ReclaimStore
@@ -383,6 +383,18 @@ def test_one_failing_node_does_not_starve_the_others(store: TelemetryStore) -> N
         publisher.tick()
     assert "nvfree8" in slurm.nodes["a100-02"].features
     assert [p.node for p in store.publications()] == ["a100-02"]
+
+
+def test_a_change_that_cannot_be_recorded_is_not_written(store: TelemetryStore) -> None:
+    slurm = FakeSlurm([FakeNode("a100-01", features=["a100", "nvlink8"]), FakeNode("a100-02", features=["a100", "nvlink8"])])
+
+    def refused(_publication: Publication) -> int:
+        raise DatabaseError("cannot write node_publications: server has gone away")
+
+    store.record_publication = refused  # type: ignore[method-assign]
+    with pytest.raises(DatabaseError, match="gone away"):
+        Publisher(SlurmCli(runner=slurm), store, ScoringConfig()).tick()
+    assert slurm.updates() == []  # recorded before it is done: nothing unrecorded reached Slurm
 
 
 def test_a_cycle_given_a_job_listing_lists_no_jobs_and_plans_from_it(store: TelemetryStore) -> None:

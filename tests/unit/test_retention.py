@@ -10,9 +10,10 @@ import pytest
 from sqlalchemy import event, func, insert, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from slurm_aigc.db import GpuSample, JobGpuRollup, JobGpuSample, open_database, transaction
+from slurm_aigc.db import GpuSample, JobGpuRollup, JobGpuSample, NodePublication, open_database, transaction
 from slurm_aigc.report.retention import BUCKET_S, Retention, RetentionResult, RetentionSchedule
 from slurm_aigc.report.samples import SampleStore
+from slurm_aigc.telemetry.store import Publication, TelemetryStore
 
 T0 = datetime(2026, 11, 30, 0, tzinfo=UTC).timestamp()
 HOURS = 6
@@ -49,7 +50,8 @@ def totals(factory: sessionmaker[Session], since: float, until: float) -> dict[s
     return {job: (round(a, 6), round(b, 6), c) for job, (a, b, c) in used.items()}
 
 
-def count(factory: sessionmaker[Session], model: type[JobGpuSample] | type[GpuSample] | type[JobGpuRollup]) -> int:
+def count(factory: sessionmaker[Session],
+          model: type[JobGpuSample] | type[GpuSample] | type[JobGpuRollup] | type[NodePublication]) -> int:
     with transaction(factory) as session:
         return int(session.scalar(select(func.count()).select_from(model)) or 0)
 
@@ -62,7 +64,8 @@ def test_report_totals_over_rolled_up_hours_equal_the_raw_totals(factory: sessio
     assert result.hours_rolled == HOURS and result.rollup_rows == 2 * 6 + 1 * 3 + 4 * 4
     assert count(factory, JobGpuSample) == 0 and count(factory, GpuSample) == 0
     raw_rows = 2 * 6 * 360 + 1 * 3 * 360 + 4 * 4 * 360
-    assert result.deleted == {"job_gpu_samples": raw_rows, "gpu_samples": raw_rows, "process_samples": 0}
+    assert result.deleted == {"job_gpu_samples": raw_rows, "gpu_samples": raw_rows, "process_samples": 0,
+                              "node_publications": 0}
     assert totals(factory, *window) == before
 
 
@@ -111,6 +114,37 @@ def test_deletes_go_in_bounded_batches(factory: sessionmaker[Session]) -> None:
     finally:
         event.remove(engine, "before_cursor_execute", listener)
     assert len(batches) == 12 and max(batches) == 1000 and sum(batches) == result.deleted["job_gpu_samples"] == 11160
+
+
+def test_gpu_samples_are_pruned_before_any_job_has_a_sample(db_url: str) -> None:
+    # A rollout: agents sample idle GPUs for days before a GPU job runs (no job_gpu_samples yet).
+    factory = open_database(db_url)
+    with transaction(factory) as session:
+        session.execute(insert(GpuSample), [{"ts": T0 + 10 * i, "node": "t4-01", "gpu_index": 0, "sm_util_pct": 0.0}
+                                            for i in range(HOURS * 360)])
+    result = Retention(factory, 48.0).run(NOW)
+    assert result.deleted["gpu_samples"] == HOURS * 360 and count(factory, GpuSample) == 0
+    assert result.hours_rolled == HOURS and count(factory, JobGpuRollup) == 0
+
+
+def test_old_publisher_records_go_but_each_nodes_newest_written_weight_stays(db_url: str) -> None:
+    factory = open_database(db_url)
+    store = TelemetryStore(factory)
+    old, recent = T0, NOW - 3600.0
+    store.record_publications([
+        Publication(old, "a100-01", None, None, 10, 20, "weight", False),
+        Publication(old + 60, "a100-01", None, None, 20, 30, "weight", False),  # its newest written weight
+        Publication(old + 120, "a100-01", ("a100",), ("a100", "nvfree8"), None, None, "features", False),
+        Publication(old + 180, "a100-01", None, None, 30, 40, "weight", True),  # dry-run: not written
+        Publication(old, "t4-01", None, None, 5, 6, "weight", False),
+        Publication(recent, "t4-01", None, None, 6, 7, "weight", False),  # within the retention
+    ])
+    deleted = Retention(factory, 48.0, batch_rows=1).run(NOW).deleted["node_publications"]
+    assert deleted == 4
+    assert [(p.node, p.ts, p.weight_after) for p in store.publications()] == [("a100-01", old + 60, 30),
+                                                                             ("t4-01", recent, 7)]
+    assert store.last_published_weights() == {"a100-01": 30, "t4-01": 7}
+    assert count(factory, NodePublication) == 2
 
 
 def test_bucket_is_an_hour() -> None:
