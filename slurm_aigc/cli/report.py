@@ -11,6 +11,7 @@ import click
 
 from slurm_aigc.cli.env import CliEnv, command_env
 from slurm_aigc.errors import AigcError, DatabaseError
+from slurm_aigc.policy.model import Policy
 from slurm_aigc.policy.site import load_site_policy
 from slurm_aigc.report import figures, render
 from slurm_aigc.report.records import DEFAULT_INTERVAL_S
@@ -51,6 +52,19 @@ def parse_shards(text: str) -> dict[str, int]:
     return result
 
 
+def inventory_shards(policy: Policy) -> dict[str, int]:
+    """The policy inventory's shards per GPU of each type (types without shards left out)."""
+    return {t.name: t.shards_per_gpu for t in policy.inventory.gpu_types if t.shards_per_gpu}
+
+
+def _shards(text: str | None, policy: Policy) -> dict[str, int]:
+    """`--shards-per-gpu` when given (the whole table), else the policy's inventory.
+
+    The inventory is the one place shard counts are set, so the report cannot drift from the hook.
+    """
+    return parse_shards(text) if text is not None else inventory_shards(policy)
+
+
 def _when(text: str, now: datetime, name: str) -> datetime:
     try:
         return parse_when(text, now)
@@ -79,8 +93,9 @@ format_option = click.option("--format", "fmt", type=click.Choice(render.FORMATS
 output_option = click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
                              help="Write the report here instead of stdout.")
 db_option = click.option("--db", "db_url", default=None, help="Database URL (default $SLURM_AIGC_DB_URL or the SQLite state file).")
-shards_option = click.option("--shards-per-gpu", default="a100=80,t4=16", show_default=True,
-                             help="Shards one GPU of each type holds; a shard counts as 1/N GPU.")
+shards_option = click.option("--shards-per-gpu", default=None, metavar="TYPE=N[,...]",
+                             help="Shards one GPU of each type holds, e.g. a100=80,t4=16; a shard counts as 1/N GPU "
+                                  "(default: shards_per_gpu of the policy's inventory).")
 
 
 @click.group(invoke_without_command=True)
@@ -90,11 +105,13 @@ shards_option = click.option("--shards-per-gpu", default="a100=80,t4=16", show_d
 @click.option("--account", "-A", multiple=True, help="Only these accounts.")
 @click.option("--partition", "-r", multiple=True, help="Only these partitions.")
 @click.option("--name", "names", multiple=True, help="Only jobs with these names (like sacct --name).")
-@click.option("--class", "classes", multiple=True, help="Only these AIGC classes (from the job comment).")
+@click.option("--class", "classes", multiple=True,
+              help="Only these AIGC classes (the class the job_submit hook stamped into the AdminComment; never the job comment).")
 @click.option("--group-by", "-g", multiple=True, help=f"Group by {', '.join(figures.GROUP_KEYS)} (repeatable or comma list).")
 @click.option("--chunk-hours", default=24.0, show_default=True, help="sacct is read in windows of this length.")
 @click.option("--policy", type=click.Path(path_type=Path, dir_okay=False, exists=True), default=None,
-              help="Policy whose reclaim thresholds say what is idle or fake-busy (default: the installed one).")
+              help="Policy whose reclaim thresholds say what is idle or fake-busy and whose inventory gives the "
+                   "shards per GPU, also for `report job` (default: the installed one).")
 @format_option
 @output_option
 @db_option
@@ -102,7 +119,7 @@ shards_option = click.option("--shards-per-gpu", default="a100=80,t4=16", show_d
 @click.pass_context
 def report(ctx: click.Context, since: str, until: str, user: tuple[str, ...], account: tuple[str, ...],
            partition: tuple[str, ...], names: tuple[str, ...], classes: tuple[str, ...], group_by: tuple[str, ...], chunk_hours: float,
-           fmt: str, output: Path | None, db_url: str | None, shards_per_gpu: str, policy: Path | None) -> None:
+           fmt: str, output: Path | None, db_url: str | None, shards_per_gpu: str | None, policy: Path | None) -> None:
     """GPU-hours allocated, used, useful and idle per group, from sacct joined with slurm-aigc's samples."""
     if ctx.invoked_subcommand is not None:
         return
@@ -113,9 +130,10 @@ def report(ctx: click.Context, since: str, until: str, user: tuple[str, ...], ac
                        names=_split(names), classes=_split(classes))
     if query.until <= query.since or chunk_hours <= 0:
         raise click.BadParameter("--until must be after --since and --chunk-hours positive")
+    site = load_site_policy(policy, hook_sections=False)
     params = figures.ReportParams(since_ts=query.since.timestamp(), until_ts=min(query.until, now).timestamp(),
-                                  group_by=_group_keys(group_by), shards_per_gpu=parse_shards(shards_per_gpu),
-                                  useful=figures.UsefulRule.of(load_site_policy(policy, hook_sections=False).reclaim.defaults))
+                                  group_by=_group_keys(group_by), shards_per_gpu=_shards(shards_per_gpu, site),
+                                  useful=figures.UsefulRule.of(site.reclaim.defaults))
     result = _summary(env, query, params, db_url, timedelta(hours=chunk_hours))
     click.echo(render.skipped_summary(result.skipped), err=True, nl=False)
     _emit(render.render_report(result, fmt), output)
@@ -160,9 +178,11 @@ def _is_job(job_id: str, job_id_raw: str, wanted: str) -> bool:
 @db_option
 @shards_option
 @click.pass_context
-def job(ctx: click.Context, job_id: str, fmt: str, output: Path | None, db_url: str | None, shards_per_gpu: str) -> None:
+def job(ctx: click.Context, job_id: str, fmt: str, output: Path | None, db_url: str | None, shards_per_gpu: str | None) -> None:
     """Like `seff` for GPUs: one job's allocation, per-GPU use over time, verdicts and actions."""
     env = _env(ctx)
+    group_policy = ctx.parent.params.get("policy") if ctx.parent is not None else None  # `report --policy P job ID`
+    shards = _shards(shards_per_gpu, load_site_policy(group_policy, hook_sections=False))
     now = env.now()
     query = SacctQuery(since=datetime(1970, 1, 2), until=now, job_ids=(job_id,))
     slurm = env.slurm()
@@ -172,7 +192,7 @@ def job(ctx: click.Context, job_id: str, fmt: str, output: Path | None, db_url: 
     store = _store(env, db_url)
     slices = list(store.job_slices(0.0, now.timestamp() + 1.0, sorted(ids))) if store else []
     actions = store.actions(0.0, now.timestamp() + 1.0, sorted(ids)) if store else []
-    view = figures.job_view(job_id, rows, slices, actions, now.timestamp(), parse_shards(shards_per_gpu))
+    view = figures.job_view(job_id, rows, slices, actions, now.timestamp(), shards)
     click.echo(render.skipped_summary(view.skipped), err=True, nl=False)
     if not view.segments and not view.series:
         raise AigcError(f"job {job_id}: sacct knows no such job and there are no samples for it")

@@ -23,10 +23,11 @@ from slurm_aigc.db import DEFAULT_URL_FILE, open_database, read_url_file, recrea
 from slurm_aigc.errors import ClusterError
 from slurm_aigc.localcluster import config
 from slurm_aigc.localcluster.shape import ClusterShape, parse_shape, shape_to_text
+from slurm_aigc.policy.paths import ENV_SIMGPU_DIR
 from slurm_aigc.slurm import SlurmCli
+from slurm_aigc.telemetry.simgpu import default_simgpu_dir
 
 DEFAULT_STATE_DIR = Path("/var/lib/slurm-aigc/cluster")
-DEFAULT_SIMGPU_DIR = Path("/var/lib/slurm-aigc/simgpu")
 SYSTEM_SLURM_CONF = Path("/etc/slurm/slurm.conf")
 # python3-click/-yaml: jobs run `python3 -m slurm_aigc gpu-load` with Debian's Python (see job_runtime).
 APT_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "slurmdbd", "munge", "mariadb-server", "lua5.1", "liblua5.1-0",
@@ -40,10 +41,6 @@ Progress = Callable[[str], None]
 
 def state_dir_default() -> Path:
     return Path(os.environ.get("SLURM_AIGC_CLUSTER_DIR", str(DEFAULT_STATE_DIR)))
-
-
-def simgpu_dir_default() -> Path:
-    return Path(os.environ.get("SLURM_AIGC_SIMGPU_DIR", str(DEFAULT_SIMGPU_DIR)))
 
 
 @dataclass(frozen=True)
@@ -183,7 +180,8 @@ class LocalCluster:
     def __init__(self, state_dir: Path | None = None, simgpu_dir: Path | None = None,
                  progress: Progress = lambda message: None) -> None:
         self.state_dir = (state_dir or state_dir_default()).resolve()
-        self.simgpu_dir = (simgpu_dir or simgpu_dir_default()).resolve()
+        # The agents' default (telemetry.simgpu), so a cluster and its agents agree without flags.
+        self.simgpu_dir = (simgpu_dir or default_simgpu_dir()).resolve()
         self.progress = progress
         self.processes = ProcessTable(self.state_dir / "run")
         self.slurm = SlurmCli()
@@ -433,7 +431,7 @@ class LocalCluster:
         self.progress("slurmctld: up")
 
     def _start_slurmds(self, shape: ClusterShape, layout: config.Layout) -> None:
-        env = dict(os.environ, SLURM_CONF=str(layout.slurm_conf), SLURM_AIGC_SIMGPU_DIR=str(self.simgpu_dir))
+        env = {**os.environ, "SLURM_CONF": str(layout.slurm_conf), ENV_SIMGPU_DIR: str(self.simgpu_dir)}
         for node in shape.nodes:
             name = f"slurmd-{node.name}"
             if not self.processes.alive(name):
@@ -467,7 +465,7 @@ class LocalCluster:
         /root), so `up` copies the package beside the cluster state and jobs run it with
         Debian's python3 and its python3-click/python3-yaml.
         """
-        return ["env", f"PYTHONPATH={self.job_runtime_dir}", f"SLURM_AIGC_SIMGPU_DIR={self.simgpu_dir}",
+        return ["env", f"PYTHONPATH={self.job_runtime_dir}", f"{ENV_SIMGPU_DIR}={self.simgpu_dir}",
                 str(SYSTEM_PYTHON), "-m", "slurm_aigc"]
 
     def _install_job_runtime(self) -> None:

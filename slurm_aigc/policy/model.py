@@ -187,12 +187,17 @@ class NotifyConfig:
     command: tuple[str, ...] = ()
 
 
+# agent.interval_s, defined before ReclaimConfig: reclaim.poll_interval_s and the reports'
+# sample slices (report.records) assume the same interval.
+DEFAULT_AGENT_INTERVAL_S = 10.0
+
+
 @dataclass(frozen=True)
 class ReclaimConfig:
     """The whole `reclaim:` section."""
 
     dry_run: bool = True  # a new install only reports
-    poll_interval_s: float = 10.0  # the agents' sampling interval (agent.interval_s)
+    poll_interval_s: float = DEFAULT_AGENT_INTERVAL_S  # the agents' sampling interval (agent.interval_s)
     gap_intervals: float = 2.0
     stale_intervals: float = 6.0
     max_actions_per_tick: int = 10
@@ -241,7 +246,12 @@ class ReclaimConfig:
 
 # --------------------------------------------------------------------------- telemetry
 
+# The one default of the simulated GPUs' directory: the agent, `slurm-aigc gpu-load` and the
+# local cluster all read it from here (telemetry.simgpu.default_simgpu_dir adds the environment).
 DEFAULT_SIMGPU_DIR = "/var/lib/slurm-aigc/simgpu"
+# Loopback unless the site says otherwise: the metrics name nodes, jobs' GPUs and their use,
+# and have no authentication (a Prometheus on another host: set agent.metrics_address).
+DEFAULT_METRICS_ADDRESS = "127.0.0.1"
 AGENT_BACKENDS = ("nvml", "sim")
 
 
@@ -251,11 +261,11 @@ class AgentConfig:
 
     backend: str = "nvml"
     simgpu_dir: str = DEFAULT_SIMGPU_DIR  # an absent key: $SLURM_AIGC_SIMGPU_DIR when set
-    interval_s: float = 10.0
+    interval_s: float = DEFAULT_AGENT_INTERVAL_S
     publish_features: bool = True
     feature_check_s: float = 1800.0  # the publisher re-adds lost static features each cycle (issue 11.5)
     metrics_port: int | None = None
-    metrics_address: str = "127.0.0.1"  # /metrics has no authentication: loopback unless an admin opens it
+    metrics_address: str = DEFAULT_METRICS_ADDRESS
 
 
 def _default_scorers() -> Mapping[str, float]:

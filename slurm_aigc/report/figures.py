@@ -24,7 +24,6 @@ from slurm_aigc.series import GpuSeries, Sample
 from slurm_aigc.stats import percentile
 
 GROUP_KEYS = ("user", "account", "partition", "class", "gpu_type", "day")
-DEFAULT_SHARDS_PER_GPU: Mapping[str, int] = {"a100": 80, "t4": 16}
 ALL = "all"
 _UTIL_BINS = 60
 _ATTRS = ("user", "account", "partition", "class", "gpu_type")
@@ -77,7 +76,8 @@ class ReportParams:
     since_ts: float
     until_ts: float
     group_by: tuple[str, ...] = ()
-    shards_per_gpu: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_SHARDS_PER_GPU))
+    # Shards per GPU of each type: the policy's inventory (cli/report.py), the one place they are set.
+    shards_per_gpu: Mapping[str, int] = field(default_factory=dict)
     tz: tzinfo | None = None
     useful: UsefulRule = DEFAULT_USEFUL_RULE
 
@@ -445,8 +445,9 @@ class JobView:
 
 def job_view(job_id: str, rows: Iterable[JobRecord | SkippedRow], slices: Iterable[SampleSlice],
              actions: Iterable[ActionEvent], now_ts: float,
-             shards_per_gpu: Mapping[str, int] = DEFAULT_SHARDS_PER_GPU) -> JobView:
+             shards_per_gpu: Mapping[str, int] | None = None) -> JobView:
     """Join one job's sacct records (all requeue segments), samples and audit rows."""
+    shards_per_gpu = shards_per_gpu or {}
     records, skipped = _split_rows(rows)
     allocated_s = 0.0
     gpus = 0.0

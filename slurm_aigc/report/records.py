@@ -14,7 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
-DEFAULT_INTERVAL_S = 10.0  # the agent's default poll interval (telemetry `agent.interval_s`)
+from slurm_aigc.policy.model import DEFAULT_AGENT_INTERVAL_S
+
+# A lone sample stands for one poll: the agent's default `agent.interval_s` (the one default, in the model).
+DEFAULT_INTERVAL_S = DEFAULT_AGENT_INTERVAL_S
 GAP_FACTOR = 3.0
 
 

@@ -13,12 +13,10 @@ from typing import Any, Protocol
 
 from slurm_aigc.daemonloop import TickOutcome
 from slurm_aigc.errors import AigcError
+from slurm_aigc.policy.model import DEFAULT_METRICS_ADDRESS
 from slurm_aigc.telemetry.records import NodeReading
 
 LOG = logging.getLogger(__name__)
-# Loopback unless the site says otherwise: the metrics name nodes, jobs' GPUs and their use,
-# and have no authentication (a Prometheus on another host: set agent.metrics_address).
-DEFAULT_METRICS_ADDRESS = "127.0.0.1"
 
 # (metric suffix, GpuReading attribute, help)
 _GPU_GAUGES = (

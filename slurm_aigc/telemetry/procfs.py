@@ -22,6 +22,8 @@ from slurm_aigc.telemetry.procstat import start_ticks_of
 LOG = logging.getLogger(__name__)
 
 # Where the Prolog writes, unless SLURM_AIGC_JOB_RECORDS says otherwise (both must agree).
+# A copy of RECORDS_DIR in daemon/slurm-aigc-jobrecord, which may not import slurm_aigc;
+# tests/unit/test_jobrecord.py checks the two agree.
 DEFAULT_JOB_RECORDS_DIR = Path("/run/slurm-aigc/jobs")
 JOB_RECORDS_ENV = "SLURM_AIGC_JOB_RECORDS"
 _RECORD_NAME_RE = re.compile(r"^(\d+)\.json$")

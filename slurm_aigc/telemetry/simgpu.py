@@ -1,7 +1,7 @@
 """Simulated GPUs: the same `GpuBackend` interface as NVML, driven by files jobs write.
 
-Layout under the simgpu directory (`SLURM_AIGC_SIMGPU_DIR`, default
-`/var/lib/slurm-aigc/simgpu`), one folder per node:
+Layout under the simgpu directory (`default_simgpu_dir()`: `$SLURM_AIGC_SIMGPU_DIR`, else
+the policy model's `DEFAULT_SIMGPU_DIR`), one folder per node:
 
 - `<node>/inventory.json`: the node's GPUs and its `nvidia-smi topo -m` text, written by
   the local cluster through `write_inventory` (format in docs/architecture.md).
@@ -34,6 +34,8 @@ from typing import Any
 
 from slurm_aigc.errors import AigcError
 from slurm_aigc.fsio import atomic_write_text
+from slurm_aigc.policy.model import DEFAULT_SIMGPU_DIR
+from slurm_aigc.policy.paths import simgpu_dir_from_env
 from slurm_aigc.telemetry.procfs import ProcFs
 from slurm_aigc.telemetry.records import (
     GpuProcess,
@@ -45,7 +47,6 @@ from slurm_aigc.telemetry.records import (
 
 LOG = logging.getLogger(__name__)
 
-DEFAULT_SIMGPU_DIR = Path("/var/lib/slurm-aigc/simgpu")
 SIM_DRIVER_VERSION = "sim-550.54.15"
 _MEM_BW_PER_UTIL = 0.6  # simulated memory-bandwidth utilization per % of SM utilization
 _NVLINKS_PER_GPU = 12  # A100 SXM4: 12 NVLink 3 links, matching the NV12 of sim_topology_text
@@ -56,8 +57,8 @@ class SimGpuError(AigcError):
 
 
 def default_simgpu_dir() -> Path:
-    """`$SLURM_AIGC_SIMGPU_DIR` or `/var/lib/slurm-aigc/simgpu`."""
-    return Path(os.environ.get("SLURM_AIGC_SIMGPU_DIR", str(DEFAULT_SIMGPU_DIR)))
+    """`$SLURM_AIGC_SIMGPU_DIR`, else the policy's default `agent.simgpu_dir` (for every user: one default)."""
+    return Path(simgpu_dir_from_env() or DEFAULT_SIMGPU_DIR)
 
 
 # --------------------------------------------------------------------------- inventory

@@ -26,3 +26,7 @@ def stamped_sacct(name: str = "sacct-22.05.json") -> str:
         if job_class and not comment.get("administrator"):
             comment["administrator"] = stamp(job_class)
     return json.dumps(document)
+
+
+# The shipped inventory's shards per GPU (etc/slurm-aigc.yaml), which `report` takes from the policy.
+SHARDS_PER_GPU = {"a100": 80, "t4": 16}

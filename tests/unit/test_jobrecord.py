@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
 import stat
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pytest
 
 from slurm_aigc.shipped import JOB_RECORD, shipped_file
 from slurm_aigc.telemetry.attribution import JobAllocations, JobRecord, parse_job_record
-from slurm_aigc.telemetry.procfs import JobRecordDir
+from slurm_aigc.telemetry.procfs import DEFAULT_JOB_RECORDS_DIR, JOB_RECORDS_ENV, JobRecordDir, job_records_dir
 
 # What 22.05's Prolog environment holds (measured with an env dump on the local cluster).
 GPU_JOB = {"SLURM_JOB_ID": "10", "SLURMD_NODENAME": "a100-01", "SLURM_JOB_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": "0,1",
@@ -30,6 +31,15 @@ def run(env: dict[str, str], records: Path) -> subprocess.CompletedProcess[str]:
 
 def test_the_script_is_executable_and_shipped() -> None:
     assert shipped_file(JOB_RECORD).stat().st_mode & stat.S_IXUSR
+
+
+def test_the_script_and_the_agent_agree_on_the_record_directory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # The script may not import slurm_aigc, so its default is a copy of procfs's: they must not drift.
+    script = str(shipped_file(JOB_RECORD))
+    monkeypatch.delenv(JOB_RECORDS_ENV, raising=False)
+    assert Path(runpy.run_path(script, run_name="jobrecord")["RECORDS_DIR"]) == DEFAULT_JOB_RECORDS_DIR == job_records_dir()
+    monkeypatch.setenv(JOB_RECORDS_ENV, str(tmp_path))  # and on the variable that moves them
+    assert Path(runpy.run_path(script, run_name="jobrecord")["RECORDS_DIR"]) == tmp_path == job_records_dir()
 
 
 def test_prolog_writes_a_record_the_agent_reads_and_epilog_removes_it(tmp_path: Path) -> None:

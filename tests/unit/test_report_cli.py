@@ -133,3 +133,25 @@ def test_job_view_json_lists_all_segments_and_actions(db_url: str) -> None:
     assert data["gpu_hours_allocated"] == pytest.approx(8.0)
     assert [a["action"] for a in data["actions"]] == ["requeue"]
     assert data["gpus_series"] == []
+
+
+def test_shards_per_gpu_default_to_the_policy_inventory(db_url: str, tmp_path: Path) -> None:
+    # Job 102 holds shard:20 on a100-02: 1/4 of an A100 at 80 shards per GPU, 1/2 at 40.
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("inventory: {gpu_types: {a100: {memory_gib: 80, shards_per_gpu: 40}, t4: {memory_gib: 16}}}\n")
+    code, out, err = invoke(RecordedSacct("sacct-22.05.json"), *WINDOW, "--policy", str(policy), "--format", "json", "--db", db_url)
+    assert code == 0, err
+    assert json.loads(out)["shards_per_gpu"] == {"a100": 40}  # t4 has no shards in this inventory
+
+    def job_102(*job_options: str) -> float:
+        code, out, err = invoke(RecordedSacct("sacct-22.05.json"), "--policy", str(policy), "job", "102", *job_options,
+                                "--format", "json", "--db", db_url)
+        assert code == 0, err
+        return float(json.loads(out)["gpu_hours_allocated"])
+
+    halves = job_102()  # `report job` takes the group's --policy
+    assert halves > 0 and halves == pytest.approx(2 * job_102("--shards-per-gpu", "a100=80"))
+    # The option overrides the inventory, in the group as in `report job`.
+    code, out, _ = invoke(RecordedSacct("sacct-22.05.json"), *WINDOW, "--policy", str(policy), "--shards-per-gpu", "a100=80,t4=16",
+                          "--format", "json", "--db", db_url)
+    assert code == 0 and json.loads(out)["shards_per_gpu"] == {"a100": 80, "t4": 16}

@@ -15,7 +15,7 @@ from slurm_aigc.report.figures import (
 )
 from slurm_aigc.report.records import ActionEvent, SampleSlice
 from slurm_aigc.report.sacct import JobRecord, parse_sacct_output
-from tests.unit.report_fixtures import stamped_sacct
+from tests.unit.report_fixtures import SHARDS_PER_GPU, stamped_sacct
 from tests.unit.sacct_json import DELIMITER, FIELDS, text_to_json
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sacct"
@@ -30,7 +30,7 @@ def rows(name: str) -> list[object]:
 
 
 def params(*group_by: str, since: str = "2026-11-30T00:00:00", until: str = "2026-12-01T00:00:00") -> ReportParams:
-    return ReportParams(since_ts=ts(since), until_ts=ts(until), group_by=group_by, tz=UTC)
+    return ReportParams(since_ts=ts(since), until_ts=ts(until), group_by=group_by, shards_per_gpu=SHARDS_PER_GPU, tz=UTC)
 
 
 def record(job: str, start: str | None, end: str | None, tres: str, *, cls: str = "train", submit: str | None = None,

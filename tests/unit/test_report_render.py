@@ -17,7 +17,7 @@ from slurm_aigc.report import render
 from slurm_aigc.report.figures import Report, ReportParams, build_report, job_view
 from slurm_aigc.report.records import ActionEvent, SampleSlice
 from slurm_aigc.report.sacct import JobRecord, SkippedRow, parse_sacct_output
-from tests.unit.report_fixtures import stamped_sacct
+from tests.unit.report_fixtures import SHARDS_PER_GPU, stamped_sacct
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sacct"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -34,7 +34,7 @@ def rows() -> list[JobRecord | SkippedRow]:
 def sample_report() -> Report:
     samples = [SampleSlice("101", "a100-01", g, ts("2026-11-30T10:05:00") + 60 * i, 60.0, 40.0, 5000.0, 81920.0)
                for g in range(2) for i in range(120)]
-    params = ReportParams(ts("2026-11-30T00:00:00"), ts("2026-12-01T00:00:00"), ("class", "user"), tz=UTC)
+    params = ReportParams(ts("2026-11-30T00:00:00"), ts("2026-12-01T00:00:00"), ("class", "user"), SHARDS_PER_GPU, tz=UTC)
     return build_report(params, rows(), samples)
 
 

@@ -15,6 +15,7 @@ from slurm_aigc.telemetry.simgpu import (
     ProcLoad,
     SimGpuBackend,
     SimGpuError,
+    default_simgpu_dir,
     parse_proc_load,
     sim_gpus,
     sim_topology_text,
@@ -151,3 +152,16 @@ def test_open_backend_selects_by_kind_and_starts_nvml(simdir: Path, monkeypatch:
     assert started == [NODE]
     with pytest.raises(ValueError, match="unknown GPU backend"):
         open_backend("rocm", NODE)  # type: ignore[arg-type]
+
+
+def test_one_simgpu_dir_default_for_the_agent_gpu_load_and_the_local_cluster(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from slurm_aigc.localcluster.manager import LocalCluster
+    from slurm_aigc.policy.model import AgentConfig
+
+    monkeypatch.delenv("SLURM_AIGC_SIMGPU_DIR", raising=False)
+    assert default_simgpu_dir() == Path(AgentConfig().simgpu_dir)
+    monkeypatch.setenv("SLURM_AIGC_SIMGPU_DIR", "")  # empty is unset, as for the policy, not the current directory
+    assert default_simgpu_dir() == Path(AgentConfig().simgpu_dir)
+    monkeypatch.setenv("SLURM_AIGC_SIMGPU_DIR", str(tmp_path))
+    assert default_simgpu_dir() == tmp_path == LocalCluster(tmp_path / "state").simgpu_dir
