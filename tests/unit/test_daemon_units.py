@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from slurm_aigc.policy.model import LearnedConfig, ModelPreferRule
+
 UNITS = Path(__file__).resolve().parents[2] / "daemon"
 AGENT, CONTROLLER = UNITS / "slurm-aigc-agent.service", UNITS / "slurm-aigc-controller.service"
 
@@ -30,9 +32,21 @@ def test_units_with_different_users_do_not_share_a_state_directory() -> None:
     agent, controller = settings(AGENT), settings(CONTROLLER)
     assert agent["User"] != controller["User"]
     assert not set(agent["StateDirectory"]) & set(controller["StateDirectory"])
+    assert agent["StateDirectoryMode"] == ["0700"]
     for unit in (agent, controller):
-        assert unit["StateDirectoryMode"] == ["0700"]
         assert "ReadWritePaths" not in unit  # only its own StateDirectory is writable
+
+
+def test_slurmctld_can_open_the_files_the_controller_writes_for_the_hook() -> None:
+    # The defaults of the two files the hook reads lie in the controller's StateDirectory; the
+    # hook runs as SlurmUser, another user, so the directory must be searchable by others.
+    controller = settings(CONTROLLER)
+    [state_dir] = controller["StateDirectory"]
+    for path in (ModelPreferRule().published_features_file, LearnedConfig().file):
+        assert path is not None and Path(path).parent == Path("/var/lib") / state_dir
+    mode = int(controller["StateDirectoryMode"][-1], 8)
+    assert mode & 0o001 and not mode & 0o006  # others may open a file by name, not list or write
+    assert controller["UMask"] == ["0077"]  # ... and the database file stays private
 
 
 @pytest.mark.parametrize("unit", [AGENT, CONTROLLER], ids=lambda p: p.stem)
