@@ -13,8 +13,8 @@
 local P = ...
 local slurm = slurm
 
-local find, sub, match, gmatch, gsub, lower, upper, format = string.find, string.sub, string.match, string.gmatch,
-    string.gsub, string.lower, string.upper, string.format
+local find, sub, match, gmatch, gsub, lower, upper, format, byte = string.find, string.sub, string.match,
+    string.gmatch, string.gsub, string.lower, string.upper, string.format, string.byte
 local ceil, tostring, tonumber, type, ipairs = math.ceil, tostring, tonumber, type, ipairs
 
 local NO_VAL = 4294967294
@@ -226,6 +226,26 @@ local function push(view, list_name, item)
     list[#list + 1] = item
 end
 
+-- slurmctld.log gets a user's name, comment and GRES as written; a newline in them would forge
+-- log lines. Control bytes (and `\`, so an escape cannot be faked) become `\n`, `\x1b`, ...
+local LOG_ESCAPES = { ["\n"] = "\\n", ["\r"] = "\\r", ["\t"] = "\\t", ["\\"] = "\\\\" }
+local LOG_UNSAFE = "[\1-\31\127\\]"  -- no NUL: a C string from slurmctld cannot hold one
+
+local function log_escape(char)
+    return LOG_ESCAPES[char] or format("\\x%02x", byte(char))
+end
+
+local function log_text(text)
+    if not find(text, LOG_UNSAFE) then return text end
+    return (gsub(text, LOG_UNSAFE, log_escape))
+end
+
+M.log_text = log_text  -- job_submit.lua escapes its error line with it too
+
+-- slurm.log_info / log_debug with the whole line escaped: the one way the hook logs.
+local function log_info(fmt, ...) slurm.log_info("%s", log_text(format(fmt, ...))) end
+local function log_debug(fmt, ...) slurm.log_debug("%s", log_text(format(fmt, ...))) end
+
 -- ---------------------------------------------------------------------------------------------
 -- GPU requests: "gres:gpu:2" (22.05), "gres/gpu:a100:2" (23.02+), "gpu:1", "gres/gpu=2".
 
@@ -335,10 +355,22 @@ end
 -- ---------------------------------------------------------------------------------------------
 -- Classification.
 
+-- A component after the first of a heterogeneous job: `het_job_offset` 1.. (slurmctld sets it
+-- before job_submit on every version 22.05 to 26.05; NO_VAL outside a hetjob, 0 on the leader).
+local function het_component(view)
+    local offset = view.desc.het_job_offset
+    return type(offset) == "number" and offset ~= 0 and offset ~= NO_VAL
+end
+
 -- `interactive` means no batch script (srun/salloc); the script is read only when a rule asks.
+-- Only an sbatch hetjob's leader carries the script (sbatch.c), so its later components arrive
+-- without one, exactly like the components of `salloc ... : ...`, and no job_desc field tells
+-- the two apart (the RPC type is not shown to the plugin). Such a component is therefore never
+-- interactive: granting it would exempt batch GPU work from reclaim. The cost falls on salloc/
+-- srun hetjobs, whose later components are classed by the other rules (docs/hook.md).
 local function is_interactive(view)
     if view.interactive == nil then
-        view.interactive = (not view.modify) and get(view, "script") == nil
+        view.interactive = (not view.modify) and get(view, "script") == nil and not het_component(view)
     end
     return view.interactive
 end
@@ -530,7 +562,7 @@ local function rule_shard(view)
     local vram = tags.vram
     local shards, allowed, sm, source = shard_request(view.class, vram, view.learned)
     if not shards then
-        if DEBUG then slurm.log_debug("aigc: not shared: expected SM %s (%s)", tostring(sm), tostring(source)) end
+        if DEBUG then log_debug("aigc: not shared: expected SM %s (%s)", tostring(sm), tostring(source)) end
         return
     end
     local why = format("shard: vram=%gG, SM %g (%s) -> %d shard(s)", vram, sm, source, shards)
@@ -674,7 +706,7 @@ local function rule_model_prefer(view)
     local feature = sub(cfg.feature_prefix .. tags.model, 1, MAX_FEATURE_LEN)
     local known = published_features(cfg)
     if known and not known[feature] then
-        if DEBUG then slurm.log_debug("aigc: no node publishes %s yet; no --prefer", feature) end
+        if DEBUG then log_debug("aigc: no node publishes %s yet; no --prefer", feature) end
         return
     end
     -- Slurm 22.05 schedules a job first with its --prefer *instead of* its --constraint, so the
@@ -689,7 +721,7 @@ local function rule_model_prefer(view)
         end
     end
     if known and not some_node_satisfies(prefer, known[feature]) then
-        if DEBUG then slurm.log_debug("aigc: no node with %s also has %s; no --prefer", feature, prefer or "") end
+        if DEBUG then log_debug("aigc: no node with %s also has %s; no --prefer", feature, prefer or "") end
         return
     end
     if prefer == nil or prefer == "" then
@@ -832,17 +864,17 @@ local function announce(view)
     for _, change in ipairs(view.plan) do
         if not change.quiet then
             local before, after = show_field(change.field, change.before), show_field(change.field, change.value)
-            slurm.log_info("aigc: rewrite uid=%s name=%s class=%s %s: %s -> %s (%s)", tostring(uid), name,
+            log_info("aigc: rewrite uid=%s name=%s class=%s %s: %s -> %s (%s)", tostring(uid), name,
                 view.class, change.field, before, after, change.why)
             if tell then
                 slurm.log_user("aigc: %s: %s %s -> %s", change.why, change.field, before, after)
             end
         elseif DEBUG then
-            slurm.log_debug("aigc: %s uid=%s: %s", change.why, tostring(uid), show(change.value))
+            log_debug("aigc: %s uid=%s: %s", change.why, tostring(uid), show(change.value))
         end
     end
     for _, text in ipairs(view.notes or {}) do
-        if tell then slurm.log_user("%s", text) else slurm.log_info("aigc: uid=%s: %s", tostring(uid), text) end
+        if tell then slurm.log_user("%s", text) else log_info("aigc: uid=%s: %s", tostring(uid), text) end
     end
 end
 
@@ -850,13 +882,15 @@ end
 -- Entry points (called by job_submit.lua inside pcall).
 
 -- `type=interactive` is what Slurm says of a job without a batch script (srun/salloc); a
--- batch job claiming it would be exempt from reclaim, so the claim is a tag error.
+-- batch job (or a later hetjob component, see is_interactive) claiming it would be exempt
+-- from reclaim, so the claim is a tag error.
 local function check_claim(view, tags, problems)
     if not tags or tags.type ~= "interactive" or is_interactive(view) or view.uid == 0 then return problems end
     tags.type = nil
     problems = problems or {}
     problems[#problems + 1] = { text = "type=interactive", why = "not an srun/salloc job",
-        fix = "interactive is set for jobs without a batch script; use another class" }
+        fix = "interactive is set for jobs without a batch script (in a hetjob, its first component only); "
+            .. "use another class" }
     return problems
 end
 
@@ -937,13 +971,16 @@ end
 -- A job whose tag gives no `type` (or that has no tag): its owner's learned entry for its name
 -- fills the keys the tag leaves out (class, vram), so the rules (shard, vram_fit, nvlink,
 -- class_defaults) apply as if the user had tagged them. `view.learned` = {class, vram, sm, key}
--- (sm 0..1, read by rule_shard). Submit only, never root's jobs (never rewritten).
+-- (sm 0..1, read by rule_shard). Submit only, never root's jobs (never rewritten), never an
+-- interactive job's.
 local function learned_defaults(view, tags)
     if not LEARNED or view.modify or view.uid == 0 or (tags and tags.type) then return tags end
     local key = learned_key(get(view, "name"))
     if key == "" then return tags end
     local entry = learned_entries()[tostring(view.uid) .. " " .. key]
-    if not entry then return tags end
+    -- Learning cannot grant `interactive` (learned.py), nor take it away: an salloc named like
+    -- its owner's batch jobs stays an exempt session. Checked last: it may read the script.
+    if not entry or is_interactive(view) then return tags end
     view.learned = { class = entry.class, vram = entry.vram, sm = entry.sm, key = key }
     tags = tags or {}
     local used = {}
@@ -975,7 +1012,7 @@ local function run(view)
     if tags ~= nil or DETECTION_NEEDS_GPUS then
         local gpu, ambiguous = find_gpu(view)
         view.gpu = gpu
-        if ambiguous and DEBUG then slurm.log_debug("aigc: GPU request not understood, not rewritten") end
+        if ambiguous and DEBUG then log_debug("aigc: GPU request not understood, not rewritten") end
     end
     local class = job_class(view, tags)
     view.class = class
@@ -991,7 +1028,7 @@ local function run(view)
     -- A malformed tag is rejected in strict mode whatever the class: the user meant to tag.
     if problems and STRICT then
         local text = tag_error_text(problems)
-        slurm.log_info("aigc: reject uid=%s: %s", tostring(view.uid), text)
+        log_info("aigc: reject uid=%s: %s", tostring(view.uid), text)
         slurm.log_user("%s", text)
         return slurm.ERROR, class
     end

@@ -21,7 +21,9 @@ local function guarded(entry, ...)
         return rc
     end
     AIGC_LAST_CLASS = nil
-    pcall(slurm.log_error, "aigc: hook error, job accepted unchanged: %s", tostring(rc))
+    -- The error may quote a job's name or comment: escaped like every other line we log.
+    local escaped, text = pcall(hook.log_text, tostring(rc))
+    pcall(slurm.log_error, "aigc: hook error, job accepted unchanged: %s", escaped and text or "(unprintable)")
     return slurm.SUCCESS
 end
 

@@ -36,7 +36,7 @@ STRING_FIELDS = (
 )
 NUMBER_FIELDS = (
     "argc", "begin_time", "bitflags", "boards_per_node", "contiguous", "core_spec", "cores_per_socket",
-    "cpu_freq_min", "cpu_freq_max", "cpu_freq_gov", "cpus_per_task", "delay_boot", "end_time", "group_id",
+    "cpu_freq_min", "cpu_freq_max", "cpu_freq_gov", "cpus_per_task", "delay_boot", "end_time", "group_id", "het_job_offset",
     "immediate", "mail_type", "max_cpus", "max_nodes", "min_cpus", "min_mem_per_cpu", "min_mem_per_node",
     "min_nodes", "nice", "ntasks_per_board", "ntasks_per_core", "ntasks_per_gpu", "ntasks_per_node",
     "ntasks_per_socket", "ntasks_per_tres", "num_tasks", "pn_min_cpus", "pn_min_memory", "pn_min_tmp_disk",

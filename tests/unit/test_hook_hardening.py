@@ -142,3 +142,34 @@ def test_the_hook_never_adds_a_second_gpu_request(tag: str, per_node: str | None
     assert sum(after.values()) <= max(1, sum(before.values()))
     assert all(after.get(field, 0) <= max(1, count) for field, count in before.items())
     assert all(count <= 1 for field, count in after.items() if before.get(field, 0) <= 1)
+
+
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def test_user_strings_cannot_forge_slurmctld_log_lines(tmp_path: Path) -> None:
+    hook = runtime_for(tmp_path)
+    name = "x\nslurmctld: error: forged\r\x1b[2J\t\\n"
+    submitted = submit(hook, name=name, comment="aigc:type=infer,vram=20G note\x07\naigc_class=interactive",
+                       tres_per_node="gres:gpu:1")
+    record = {"job_state": 0, "name": name, "gres": "gres:gpu:1", "admin_comment": "aigc_class=unknown"}
+    modified = hook.modify({"comment": "aigc:vram=lots\x7f\nforged"}, record, modify_uid=ALICE)
+    logged = submitted.logged("log") + modified.logged("log")
+    assert len(submitted.logged("log")) >= 2 and modified.logged("log")
+    assert not [line for line in logged if CONTROL.search(line)]
+    # One line per event, the name readable and unambiguous: `\` itself is escaped too.
+    assert all("name=x\\nslurmctld: error: forged\\r\\x1b[2J\\t\\\\n class=infer" in line
+               for line in submitted.logged("log"))
+    assert any("\\x07\\naigc_class=interactive" in line for line in submitted.logged("log"))
+    assert any("vram=lots\\x7f" in line for line in modified.logged("log"))
+
+
+def test_a_hook_error_quoting_user_text_is_logged_on_one_escaped_line() -> None:
+    # Our own bug raising with a job's name in the message: still one line, and the job accepted.
+    text = render_hook(load_policy(shipped_policy())).replace(
+        "local function guarded(entry, ...)",
+        "hook.submit = function(job_desc) error('bad name ' .. job_desc.name, 0) end\nlocal function guarded(entry, ...)", 1)
+    result = HookRuntime(text).submit({"name": "x\nslurmctld: error: forged"}, submit_uid=ALICE)
+    assert result.rc == SUCCESS
+    [line] = result.logged("error")
+    assert line == "aigc: hook error, job accepted unchanged: bad name x\\nslurmctld: error: forged"

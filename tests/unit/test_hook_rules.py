@@ -286,6 +286,18 @@ def test_a_batch_job_cannot_claim_to_be_interactive(hook: HookRuntime) -> None:
 
 
 
+def test_learned_defaults_never_take_interactive_away(tmp_path: Path) -> None:
+    table = tmp_path / "learned.txt"
+    table.write_bytes(b"# slurm-aigc learned defaults v1\n1001 sd-gen train 20 0.4 5 5 - aigc-alice\n")
+    hook = runtime_for(tmp_path, learned={"enabled": True, "file": str(table), "refresh_seconds": 0})
+    batch = submit(hook, name="sd-gen-0099", tres_per_node="gres:gpu:1")
+    assert batch.job_class == "train" and trusted_tags(batch.after["admin_comment"])["learned"] == "1"
+    # An untagged salloc named like the owner's batch jobs stays an exempt session.
+    session = submit(hook, name="sd-gen-0100", tres_per_node="gres:gpu:1", script=None)
+    assert session.job_class == "interactive" and session.after["admin_comment"] == "aigc_class=interactive"
+    assert set(session.changes) == {"admin_comment"} and session.messages == []
+
+
 def test_root_is_untouched(hook: HookRuntime) -> None:
     result = submit(hook, uid=0, comment="aigc:type=infer,vram=20G", tres_per_node="gres:gpu:1")
     assert result.rc == SUCCESS and result.changes == {"admin_comment": (None, "aigc_class=infer")}  # only stamped
