@@ -281,6 +281,9 @@ class ScoringConfig:
     weight_min: int = 1
     weight_max: int = 100
     hysteresis: int = 5
+    # `scontrol update`s one cycle may make: after `scontrol reconfigure` every node differs at
+    # once, and 2,000 writes in one cycle would queue behind each other in slurmctld.
+    max_writes_per_cycle: int = 200
     publish_nvfree: bool = True
     publish_models: bool = True
     serving_classes: tuple[str, ...] = ("infer", "imagegen")

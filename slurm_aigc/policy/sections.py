@@ -231,6 +231,7 @@ def scoring_section(node: Node, hook_listing: str | None = None) -> ScoringConfi
         weight_min=weight_min,
         weight_max=weight_max,
         hysteresis=integer(node, "hysteresis", base.hysteresis, minimum=0),
+        max_writes_per_cycle=integer(node, "max_writes_per_cycle", base.max_writes_per_cycle, minimum=1),
         publish_nvfree=flag(node, "publish_nvfree", base.publish_nvfree),
         publish_models=flag(node, "publish_models", base.publish_models),
         serving_classes=string_list(node, "serving_classes") if "serving_classes" in node.value else base.serving_classes,

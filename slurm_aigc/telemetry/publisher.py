@@ -165,7 +165,12 @@ class Publisher:
         self._list_models(published_lines(nodes, plans, True, listable))
         applied, failures = [], []
         current = self._current_features(plans)
-        for plan in plans:
+        for index, plan in enumerate(plans):
+            if len(applied) >= self.config.max_writes_per_cycle:
+                # Rate limit: the rest still differ from Slurm next cycle and are planned again.
+                LOG.warning("up to %d node update(s) wait for the next cycle (scoring.max_writes_per_cycle = %d)",
+                            len(plans) - index, self.config.max_writes_per_cycle)
+                break
             try:
                 done = self._apply(plan, now, current)
             except AigcError as error:  # one node's failure must not starve the others

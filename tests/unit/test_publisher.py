@@ -397,6 +397,14 @@ def test_a_change_that_cannot_be_recorded_is_not_written(store: TelemetryStore) 
     assert slurm.updates() == []  # recorded before it is done: nothing unrecorded reached Slurm
 
 
+def test_writes_per_cycle_are_capped_and_the_rest_follow_in_later_cycles(store: TelemetryStore) -> None:
+    # After `scontrol reconfigure` every node lacks what we wrote: not all in one burst.
+    slurm = FakeSlurm([FakeNode(f"a100-{i:02d}", features=["a100", "nvlink8"]) for i in range(1, 6)])
+    publisher = Publisher(SlurmCli(runner=slurm), store, ScoringConfig(max_writes_per_cycle=2))
+    assert [len(publisher.tick()) for _ in range(4)] == [2, 2, 1, 0]
+    assert len(slurm.updates()) == 5 and all("nvfree8" in node.features for node in slurm.nodes.values())
+
+
 def test_a_cycle_given_a_job_listing_lists_no_jobs_and_plans_from_it(store: TelemetryStore) -> None:
     slurm = FakeSlurm([FakeNode("a100-01", features=["a100", "nvlink8"])])  # Slurm itself lists no job
     served = job_from_json(FakeJob("5", "a100-01", comment="aigc:class=infer,model=sdxl", admin_comment="").record(False))

@@ -120,8 +120,8 @@ def test_documented_default_yaml_parses_to_the_defaults() -> None:
     parsed = parse_scoring_section(section(document["scoring"]))
     defaults = parse_scoring_section(section(None))
     assert parsed.policy_weights() == defaults.policy_weights()
-    assert (parsed.weight_min, parsed.weight_max, parsed.hysteresis) == (defaults.weight_min, defaults.weight_max,
-                                                                        defaults.hysteresis)
+    assert (parsed.weight_min, parsed.weight_max, parsed.hysteresis, parsed.max_writes_per_cycle) == (
+        defaults.weight_min, defaults.weight_max, defaults.hysteresis, defaults.max_writes_per_cycle)
     assert parsed.serving_classes == ("infer", "imagegen")
 
 
@@ -135,6 +135,7 @@ def test_documented_default_yaml_parses_to_the_defaults() -> None:
         ({"weight_min": 50, "weight_max": 10}, "need 0 <= weight_min < weight_max"),
         ({"interval_s": 0}, "scoring.interval_s: expected a positive number"),
         ({"hysteresis": -2}, "scoring.hysteresis"),
+        ({"max_writes_per_cycle": 0}, "scoring.max_writes_per_cycle"),
         ({"serving_classes": "infer"}, "scoring.serving_classes: expected a list of strings"),
         ([1, 2], "scoring: expected a mapping"),
     ],
