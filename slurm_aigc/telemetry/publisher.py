@@ -163,7 +163,8 @@ class Publisher:
         # The hook may --prefer only features some node has (else Slurm rejects the job):
         # unlist a vanishing model a grace before Slurm loses it, list a new one once Slurm has it.
         self._list_models(published_lines(nodes, plans, True, listable))
-        applied, failures = [], []
+        applied: list[NodePlan] = []
+        failures: list[AigcError] = []
         current = self._current_features(plans)
         for index, plan in enumerate(plans):
             if len(applied) >= self.config.max_writes_per_cycle:
