@@ -22,6 +22,7 @@ local INFINITE = 4294967295
 local NICE_OFFSET = 2147483648  -- job_desc.nice holds the user's nice + this (slurm.h NICE_OFFSET)
 local TAG_PREFIX = "aigc:"
 local JOB_PENDING = 0
+local JOB_STATE_FLAGS_AT = 256  -- JOB_STATE_BASE is the low byte of job_state (slurm.h)
 local MAX_FEATURE_LEN = 64  -- as slurm_aigc/telemetry/features.py publishes them
 -- The most of any user string the hook reads (bytes): the work per job stays bounded whatever
 -- a user sends (slurmctld checks its own limits only after the plugin ran). slurm_aigc/tags.py
@@ -703,6 +704,10 @@ local function rule_model_prefer(view)
     local cfg = P.rewrites.model_prefer
     local tags = view.tags
     if not cfg.enabled or not tags or not tags.model then return end
+    -- The job record shows the hook no `prefer` (job_submit/lua on 22.05 to 26.05), so on a
+    -- modify the job's own --prefer is unknown and would be replaced: only an update that
+    -- sets one is added to.
+    if view.modify and view.desc.prefer == nil then return end
     local feature = sub(cfg.feature_prefix .. tags.model, 1, MAX_FEATURE_LEN)
     local known = published_features(cfg)
     if known and not known[feature] then
@@ -1078,7 +1083,9 @@ end
 -- run only when the update touches the comment or a GPU request.
 function M.modify(job_desc, job_rec, part_list, modify_uid)
     keep_stamp(job_desc, job_rec)
-    if job_rec.job_state ~= JOB_PENDING then return slurm.SUCCESS, nil end
+    -- The base state only: flags above it (JOB_RESV_DEL_HOLD; JOB_UPDATE_DB on an array's
+    -- pending record up to 24.05) would make a pending job look otherwise.
+    if job_rec.job_state % JOB_STATE_FLAGS_AT ~= JOB_PENDING then return slurm.SUCCESS, nil end
     local touched = job_desc.comment ~= nil
     for _, field in ipairs(GRES_FIELDS) do
         if job_desc[field] ~= nil then touched = true end

@@ -43,12 +43,6 @@ NUMBER_FIELDS = (
     "priority", "reboot", "req_switch", "requeue", "shared", "site_factor", "sockets_per_board",
     "sockets_per_node", "threads_per_core", "time_limit", "time_min", "user_id", "wait4switch",
 )
-# Fields Slurm 22.05's setter lets "" clear on modify (SET_JOB_STRING(field, true)).
-CLEARABLE_ON_MODIFY = (
-    "admin_comment", "comment", "cpus_per_tres", "dependency", "exc_nodes", "features", "licenses",
-    "mem_per_tres", "prefer", "tres_bind", "tres_freq", "tres_per_job", "tres_per_node", "tres_per_socket",
-    "tres_per_task", "wckey",
-)
 ESLURM_CODES = {
     "ESLURM_INVALID_PARTITION_NAME": 2000, "ESLURM_ACCESS_DENIED": 2002, "ESLURM_INVALID_NODE_COUNT": 2006,
     "ESLURM_INVALID_FEATURE": 2029, "ESLURM_INVALID_ACCOUNT": 2045, "ESLURM_INVALID_LICENSES": 2048,
@@ -57,14 +51,12 @@ ESLURM_CODES = {
 }
 
 _SLURM_TABLE_LUA = r"""
-local string_fields, number_fields, clearable, codes = ...
+local string_fields, number_fields, codes = ...
 local events, user_msg = {}, nil
 local S = {}
 for _, f in ipairs(string_fields) do S[f] = true end
 local N = {}
 for _, f in ipairs(number_fields) do N[f] = true end
-local C = {}
-for _, f in ipairs(clearable) do C[f] = true end
 
 slurm = { SUCCESS = 0, ERROR = -1, FAILURE = -1, NO_VAL = 4294967294, NO_VAL16 = 65534, NO_VAL8 = 254,
   NO_VAL64 = 18446744073709551614, INFINITE = 4294967295, INFINITE16 = 65535, INFINITE64 = 18446744073709551615,
@@ -109,7 +101,9 @@ local function job_desc(store, is_modify)
           error("bad argument #3 to '?' (string expected, got " .. type(v) .. ")", 2)
         end
         v = tostring(v)
-        if v == "" and not (is_modify and C[k]) then store[k] = nil else store[k] = v end
+        -- Every string setter of _set_job_req_field stores "" as NULL, which update_job reads
+        -- as "no change" (22.05.8: a modify whose comment the hook cleaned to "" kept the old one).
+        if v == "" then store[k] = nil else store[k] = v end
       elseif N[k] then
         local n = tonumber(v)
         if n == nil then error("bad argument #3 to '?' (number expected, got " .. type(v) .. ")", 2) end
@@ -122,9 +116,12 @@ local function job_desc(store, is_modify)
   return t
 end
 
-local function record(store)
-  return setmetatable({}, { __index = function(_, k) return store[k] end })
+local function record(store, hidden)
+  return setmetatable({}, { __index = function(_, k) if hidden and hidden[k] then return nil end return store[k] end })
 end
+-- Fields a job record does not show job_submit/lua (_job_rec_field, 22.05 to 26.05), though a
+-- job has them.
+local JOB_RECORD_HIDDEN = { prefer = true }
 
 local function partitions(parts)
   local list = {}
@@ -157,7 +154,7 @@ function harness.call(kind, desc_store, rec_store, parts, uid)
   if kind == "submit" then
     rc = slurm_job_submit(job_desc(desc_store, false), partitions(parts), uid)
   else
-    rc = slurm_job_modify(job_desc(desc_store, true), record(rec_store), partitions(parts), uid)
+    rc = slurm_job_modify(job_desc(desc_store, true), record(rec_store, JOB_RECORD_HIDDEN), partitions(parts), uid)
   end
   return rc, AIGC_LAST_CLASS, events, user_msg
 end
@@ -229,7 +226,7 @@ class HookRuntime:
         self._harness = loader(
             _SLURM_TABLE_LUA.encode(),
             table([f.encode() for f in STRING_FIELDS]), table([f.encode() for f in NUMBER_FIELDS]),
-            table([f.encode() for f in CLEARABLE_ON_MODIFY]), table({k.encode(): v for k, v in ESLURM_CODES.items()}),
+            table({k.encode(): v for k, v in ESLURM_CODES.items()}),
         )
         load = self._lua.eval(b"function(text) local chunk, err = loadstring(text, '=job_submit.lua') "
                               b"if not chunk then return nil, err end return pcall(chunk) end")

@@ -150,6 +150,23 @@ def test_model_prefer_only_for_published_model_features(tmp_path: Path) -> None:
     assert published.changes["prefer"] == (None, "model_llama3-8b")
 
 
+def test_a_retag_of_a_pending_job_keeps_the_prefer_it_cannot_see(tmp_path: Path) -> None:
+    # The job record shows the hook no `prefer`: a re-tag adding model=M must not replace the
+    # job's own --prefer=fast (which it would, as `<constraint>&model_M`, if it guessed).
+    hook = runtime_for(tmp_path)
+    (tmp_path / "published-features.txt").write_text("model_m a100\n")
+    pending = {"job_state": 0, "name": "serve", "tres_per_node": "gres:gpu:1", "prefer": "fast",
+               "admin_comment": "aigc_class=infer", "comment": "aigc:type=infer"}
+    retag = hook.modify({"comment": "aigc:type=infer,model=m"}, pending, modify_uid=ALICE)
+    assert "prefer" not in retag.changes
+    both = hook.modify({"comment": "aigc:type=infer,model=m", "prefer": "a100"}, pending, modify_uid=ALICE)
+    assert both.changes["prefer"][1].endswith("model_m")  # an update that sets a prefer is added to
+    plain = hook.modify({"comment": "aigc:type=infer,vram=20G"}, pending, modify_uid=ALICE)
+    flagged = hook.modify({"comment": "aigc:type=infer,vram=20G"}, {**pending, "job_state": 0x10000000},
+                          modify_uid=ALICE)  # JOB_RESV_DEL_HOLD on a pending job: still pending
+    assert flagged.changes == plain.changes == {"features": (None, "a100")}
+
+
 def test_a_compute_bound_class_is_never_shared(hook: HookRuntime) -> None:
     # imagegen's expected SM (0.9) is above max_sm (0.5): one such job fills a GPU's compute, and
     # 11 of them sharing an a100 by VRAM alone ran past their limits (docs/benchmarks.md).
