@@ -76,9 +76,13 @@ class UsageSample:
     sm_util_pct: float
     power_draw_w: float | None = None  # None: no reading (never judged fake-busy, like the detector)
     power_limit_w: float | None = None
+    # The SM of jobs that were hung at this poll by their workload profile (`hung_spans`). On a
+    # GPU shared with a working job the power is the working job's, so the rule cannot see it.
+    hung_pct: float = 0.0
 
     def useful_pct(self, rule: UsefulRule) -> float:
-        return rule.useful_pct(self.sm_util_pct, self.power_draw_w, self.power_limit_w) or 0.0
+        working = max(0.0, self.sm_util_pct - self.hung_pct)
+        return rule.useful_pct(working, self.power_draw_w, self.power_limit_w) or 0.0
 
 
 @dataclass(frozen=True)
@@ -264,9 +268,9 @@ def is_lost(outcome: JobOutcome) -> bool:
 
 
 def is_harmed(outcome: JobOutcome) -> bool:
-    """Requeued and then failed, or lost."""
+    """Requeued and then failed, lost, or failed once while sharing a GPU (as `harmed_by`)."""
     state = outcome.state.split()[0] if outcome.state else ""
-    return is_lost(outcome) or (outcome.requeues > 0 and state in FAILED_STATES)
+    return is_lost(outcome) or outcome.failed_shared or (outcome.requeues > 0 and state in FAILED_STATES)
 
 
 

@@ -254,6 +254,43 @@ def _gpu_load(slurm_aigc_cmd: Sequence[str], job: WorkloadJob, phases: Sequence[
     return shlex.join(argv) + (' --gpus "$GPUS"' if only_used else "")
 
 
+def hung_spans(records: Sequence[JobRecord], jobs: Mapping[str, WorkloadJob]) -> dict[str, list[tuple[float, float]]]:
+    """Per job id, the spans its workload profile has it hung (spinning at high SM, no work).
+
+    Each run plays `profile` from its start, a run after a requeue `requeue_profile`
+    (`job_script`). The spans are nominal: a busy phase stretched by a crowded GPU
+    (`--work-conserving`) moves the hang later, so a span may cover a little of the work before
+    it, which is then not counted useful: the error goes against the sharing that stretched it.
+    """
+    by_job: dict[str, list[JobRecord]] = {}
+    for record in records:
+        if record.start_ts is not None and record.job_id_raw in jobs:
+            by_job.setdefault(record.job_id_raw, []).append(record)
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for job_id, runs in by_job.items():
+        job = jobs[job_id]
+        for number, run in enumerate(sorted(runs, key=lambda r: r.start_ts or 0.0)):
+            assert run.start_ts is not None
+            offset = run.start_ts
+            for phase in job.profile if number == 0 else job.requeue_profile:
+                if phase.kind == "hung":
+                    end = offset + phase.seconds if run.end_ts is None else min(offset + phase.seconds, run.end_ts)
+                    if end > offset:
+                        spans.setdefault(job_id, []).append((offset, end))
+                offset += phase.seconds
+    return spans
+
+
+def hung_sm(rows: Iterable[tuple[float, str, int, str, float | None]],
+            spans: Mapping[str, Sequence[tuple[float, float]]]) -> dict[tuple[float, str, int], float]:
+    """(ts, node, gpu) -> SM % drawn there by jobs inside one of their hung spans."""
+    found: dict[tuple[float, str, int], float] = {}
+    for ts, node, index, job_id, util in rows:
+        if util and any(start <= ts < end for start, end in spans.get(job_id, ())):
+            found[(ts, node, index)] = found.get((ts, node, index), 0.0) + util
+    return found
+
+
 def outcomes_from_records(records: Sequence[JobRecord], classes: dict[str, str],
                           shards_per_gpu: dict[str, int], jobs: Mapping[str, WorkloadJob] | None = None) -> list[JobOutcome]:
     """One JobOutcome per job from its sacct records (a requeued job has several); `jobs` (by job id)
@@ -525,7 +562,7 @@ class ReplayRun:
         by_name = {job.name: job for job in self.workload.jobs}
         for name, submitted in self.refused.items():
             outcomes.append(JobOutcome(f"refused:{name}", by_name[name].job_class, 0.0, submitted, None, None, "REFUSED"))
-        samples, reclaimed = self._samples(started)
+        samples, reclaimed = self._samples(started, hung_spans(records, by_id))
         return RunRecord(self.settings.mode, tuple(outcomes), samples, self.cluster.shape().total_gpus, reclaimed,
                          tuple(skipped), dict(self.job_ids), time.time())
 
@@ -544,10 +581,14 @@ class ReplayRun:
                 return records, skipped
             time.sleep(1)
 
-    def _samples(self, started: float) -> tuple[tuple[UsageSample, ...], float]:
+    def _samples(self, started: float, spans: Mapping[str, Sequence[tuple[float, float]]]
+                 ) -> tuple[tuple[UsageSample, ...], float]:
         factory = open_database(self.db_url)
-        rows = TelemetryStore(factory).gpu_power_utilization_since(started)
-        samples = tuple(UsageSample(ts, node, index, util or 0.0, power, limit) for ts, node, index, util, power, limit in rows)
+        store = TelemetryStore(factory)
+        rows = store.gpu_power_utilization_since(started)
+        hung = hung_sm(store.job_sm_since(started), spans) if spans else {}
+        samples = tuple(UsageSample(ts, node, index, util or 0.0, power, limit, hung.get((ts, node, index), 0.0))
+                        for ts, node, index, util, power, limit in rows)
         return samples, ReclaimStore(factory).gpu_hours_recovered()
 
 

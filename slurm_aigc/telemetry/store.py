@@ -111,6 +111,17 @@ class TelemetryStore:
             return [(float(ts), node, int(index), util, power, limit)
                     for ts, node, index, util, power, limit in session.execute(query)]
 
+    def job_sm_since(self, since_ts: float) -> list[tuple[float, str, int, str, float | None]]:
+        """(ts, node, gpu_index, job_id, sm_util_pct) since `since_ts`: each job's share of its GPUs' SM
+        (replay: the share a job spent hung on a GPU it shared is taken out of useful utilization)."""
+        query = (
+            select(JobGpuSample.ts, JobGpuSample.node, JobGpuSample.gpu_index, JobGpuSample.job_id,
+                   JobGpuSample.sm_util_pct)
+            .where(JobGpuSample.ts >= since_ts)
+        )
+        with transaction(self._factory) as session:
+            return [(float(ts), node, int(index), str(job_id), util) for ts, node, index, job_id, util in session.execute(query)]
+
     def record_publication(self, publication: Publication) -> int:
         """Append one row to `node_publications`; its id (for `forget_publication`)."""
         with transaction(self._factory) as session:

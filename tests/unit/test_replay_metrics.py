@@ -75,6 +75,9 @@ def test_lost_and_unfinished_jobs() -> None:
     assert metrics.allocated_gpu_s == pytest.approx(50 + 70 + 0 + 20)  # the running job counts until now
     assert (metrics.jobs_lost, metrics.jobs_harmed) == (2, 2)
     assert not is_harmed(runs[3])  # cancelled but never requeued by us
+    # Out of memory on a shared GPU, resubmitted and completed: harmed, as in a backlogged run.
+    retried = JobOutcome("6", "infer", 1, 0, 10, 50, "COMPLETED", retried=True, failed_shared=True)
+    assert is_harmed(retried) and compute([retried], [], capacity_gpus=1).jobs_harmed == 1
     assert is_lost(outcome("5", "x", 1, 0, None, None, state=""))
     assert window([], None) == (None, None)
 

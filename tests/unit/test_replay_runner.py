@@ -12,10 +12,12 @@ import pytest
 
 from slurm_aigc.profiles import Phase
 from slurm_aigc.replay import runner
-from slurm_aigc.replay.metrics import backlog_figures, censored_wait_s, harmed_by
+from slurm_aigc.replay.metrics import UsageSample, backlog_figures, censored_wait_s, harmed_by, used_gpu_s
 from slurm_aigc.replay.runner import (
     Backlog,
     RunSettings,
+    hung_sm,
+    hung_spans,
     job_script,
     largest_gpu_type,
     merge_retries,
@@ -27,6 +29,7 @@ from slurm_aigc.replay.runner import (
     user_for,
 )
 from slurm_aigc.replay.workload import Workload, WorkloadJob
+from slurm_aigc.report.figures import DEFAULT_USEFUL_RULE
 from slurm_aigc.report.sacct import JobRecord, parse_sacct_output
 from tests.unit.sacct_json import DELIMITER, FIELDS, text_to_json
 
@@ -125,6 +128,32 @@ def test_requeued_job_is_one_outcome_with_both_runs_allocated() -> None:
     eight = outcomes["8"]
     assert eight.gpus == 0.25  # 20 of an a100's 80 shards
     assert eight.allocated_gpu_s == 0.25 * 40
+
+
+def test_a_hung_job_sharing_a_gpu_with_a_working_one_is_not_useful_work() -> None:
+    # Job 7 (shards) works 20 s, then hangs at 100 % SM; its neighbour 8 works at 50 % all along,
+    # so the GPU's power is the neighbour's and the fake-busy rule cannot see the hang.
+    hangs = job(name="h", profile=(Phase("loading", 10), Phase("busy", 20), Phase("hung", 60)),
+                requeue_profile=(Phase("busy", 20),))
+    text = sacct_text([
+        record("7", "REQUEUED", "2026-01-01T00:00:00", "2026-01-01T00:00:00", "2026-01-01T00:01:00", "gres/shard=40"),
+        record("7", "COMPLETED", "2026-01-01T00:01:00", "2026-01-01T00:01:10", "2026-01-01T00:01:30", "gres/shard=40"),
+        record("8", "COMPLETED", "2026-01-01T00:00:00", "2026-01-01T00:00:00", "2026-01-01T00:01:30", "gres/shard=40"),
+    ])
+    rows = [r for r in parse_sacct_output(text_to_json(text)) if isinstance(r, JobRecord)]
+    start = min(r.start_ts for r in rows if r.start_ts is not None)
+    spans = hung_spans(rows, {"7": hangs, "8": job(name="w")})
+    assert spans == {"7": [(start + 30, start + 60)]}  # the run after the requeue plays no hang
+    polls = [start + t for t in range(0, 90, 10)]
+    shares = [(ts, "a100-01", 0, "7", 50.0 if start + 10 <= ts < start + 60 else 0.0) for ts in polls]
+    shares += [(ts, "a100-01", 0, "8", 50.0) for ts in polls]
+    hung = hung_sm(shares, spans)
+    assert sorted(ts - start for ts, _, _ in hung) == [30, 40, 50]
+    gpu = [UsageSample(ts, "a100-01", 0, 100.0 if start + 10 <= ts < start + 60 else 50.0, 300.0, 400.0,
+                       hung.get((ts, "a100-01", 0), 0.0)) for ts in polls]
+    useful = used_gpu_s(gpu, start, start + 90, useful=DEFAULT_USEFUL_RULE)
+    assert useful == pytest.approx(10 * (0.5 + 1.0 + 1.0 + 0.5 + 0.5 + 0.5 + 0.5 + 0.5 + 0.5))
+    assert used_gpu_s([replace(s, hung_pct=0.0) for s in gpu], start, start + 90, useful=DEFAULT_USEFUL_RULE) > useful
 
 
 def test_a_job_that_ran_out_of_memory_is_resubmitted_on_the_largest_gpu_type() -> None:
