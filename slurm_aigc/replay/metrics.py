@@ -171,12 +171,13 @@ def compute(
 
 
 def window(outcomes: Sequence[JobOutcome], now_ts: float | None = None) -> tuple[float | None, float | None]:
-    """(first submit, last end); a job without an end counts as ending at `now_ts` if given."""
+    """(first submit, last end); a job without an end counts as ending at `now_ts` if given,
+    unless it never reached Slurm's records (refused, lost): it held nothing until then."""
     if not outcomes:
         return None, None
     start = min(o.submit_ts for o in outcomes)
     ends = [o.end_ts for o in outcomes if o.end_ts is not None]
-    if now_ts is not None and any(o.end_ts is None for o in outcomes):
+    if now_ts is not None and any(o.end_ts is None and _state(o) not in NEVER_QUEUED for o in outcomes):
         ends.append(now_ts)
     end = max(ends, default=start)
     return start, max(end, start)
@@ -357,6 +358,10 @@ def backlog_figures(
     )
 
 
+# Outcomes the runner makes for jobs Slurm never recorded (no sacct record).
+NEVER_QUEUED = frozenset({"REFUSED", "LOST"})
+
+
 def _state(outcome: JobOutcome) -> str:
     return outcome.state.split()[0] if outcome.state else ""
 
@@ -368,8 +373,9 @@ def completed_by(outcome: JobOutcome, end_ts: float) -> bool:
 
 def censored_wait_s(outcome: JobOutcome, end_ts: float) -> float | None:
     """Wait of a job submitted in the window: to its first start, or to the window's end if it never
-    started by then (a lower bound, so a run that starves jobs cannot look better by leaving them out)."""
-    if outcome.submit_ts > end_ts:
+    started by then (a lower bound, so a run that starves jobs cannot look better by leaving them out).
+    A job sbatch refused never waited in the queue: it is harmed, not waiting."""
+    if outcome.submit_ts > end_ts or _state(outcome) == "REFUSED":
         return None
     if outcome.start_ts is not None and outcome.start_ts <= end_ts:
         return max(0.0, outcome.start_ts - outcome.submit_ts)

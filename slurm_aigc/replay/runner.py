@@ -359,6 +359,8 @@ class ReplayRun:
         self.daemons: list[subprocess.Popen[bytes]] = []
         self.job_ids: dict[str, str] = {}
         self.refused: dict[str, float] = {}  # job name -> when sbatch refused it
+        self.submitted: dict[str, float] = {}  # job id -> when sbatch took it
+        self.timed_out: set[str] = set()  # open-loop: ids still not ended at --timeout (then cancelled)
         self.retries: dict[str, str] = {}  # id of a job that FAILED -> id of its resubmission
         self.users_by_name: dict[str, str] = {}
         self.stream_exhausted = False
@@ -463,7 +465,8 @@ class ReplayRun:
     def _submit(self, index: int, job: WorkloadJob) -> None:
         user = self.users_by_name[job.name] = user_for(job, index, self.settings.users)
         try:
-            self.job_ids[job.name] = self.slurm.submit(sbatch_args(job), job_script(job, self.job_command), user=user)
+            job_id = self.job_ids[job.name] = self.slurm.submit(sbatch_args(job), job_script(job, self.job_command), user=user)
+            self.submitted[job_id] = time.time()
         except SlurmCommandError as error:  # a refused job is a result (counted as lost), not a crash
             self.refused[job.name] = time.time()
             self.progress(f"{self.settings.mode}: {job.name} refused by sbatch: {error.stderr.strip().splitlines()[-1:]}")
@@ -529,6 +532,7 @@ class ReplayRun:
             if pending_ids:
                 time.sleep(min(self.settings.progress_every_s, 5.0))
         if pending_ids:
+            self.timed_out = set(pending_ids)  # the cleanup's cancel will end them: they are lost, not cancelled
             self.progress(f"{self.settings.mode}: timeout: {len(pending_ids)} jobs still not ended; counted as lost")
 
     def _stop_daemons(self) -> None:
@@ -553,12 +557,14 @@ class ReplayRun:
         by_id = {job_id: job for job in self.workload.jobs if (job_id := self.job_ids.get(job.name))}
         by_id.update({retry: by_id[first] for first, retry in retries.items() if first in by_id})
         classes.update({retry: classes[first] for first, retry in retries.items() if first in classes})
-        outcomes = merge_retries(outcomes_from_records(records, classes, shards, by_id), retries)
+        outcomes = [replace(o, state="LOST (timeout)") if o.job_id in self.timed_out else o
+                    for o in merge_retries(outcomes_from_records(records, classes, shards, by_id), retries)]
         # A job sacct never heard of was lost by the scheduler (or refused): count it.
         seen = {o.job_id for o in outcomes}
         for job_id in ids:
             if job_id not in seen:
-                outcomes.append(JobOutcome(job_id, classes.get(job_id, "unknown"), 0.0, started, None, None, "LOST"))
+                outcomes.append(JobOutcome(job_id, classes.get(job_id, "unknown"), 0.0, self.submitted.get(job_id, started),
+                                           None, None, "LOST"))
         by_name = {job.name: job for job in self.workload.jobs}
         for name, submitted in self.refused.items():
             outcomes.append(JobOutcome(f"refused:{name}", by_name[name].job_class, 0.0, submitted, None, None, "REFUSED"))

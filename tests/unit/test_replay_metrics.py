@@ -9,6 +9,7 @@ from slurm_aigc.replay.metrics import (
     UsageSample,
     backlog_figures,
     compute,
+    censored_wait_s,
     is_harmed,
     is_lost,
     used_gpu_s,
@@ -183,3 +184,13 @@ def test_backlog_useful_utilization_drops_the_hung_stretch_inside_the_window() -
     assert figures.effective_utilization == pytest.approx(1.0) and figures.useful_utilization == 0.0
     with pytest.raises(ValueError):
         backlog_figures([], [], capacity_gpus=1, start_ts=0.0, duration_s=0.0, backlog=2)
+
+
+def test_refused_and_lost_jobs_neither_stretch_the_window_nor_wait_in_the_queue() -> None:
+    ran = outcome("1", "infer", 1, submit=0, start=0, end=100)
+    refused = outcome("refused:j2", "infer", 0, submit=10, start=None, end=None, state="REFUSED")
+    lost = outcome("3", "train", 0, submit=20, start=None, end=None, state="LOST")
+    assert window([ran, refused, lost], now_ts=400) == (0, 100)  # not until the collection's now
+    assert window([ran, outcome("4", "x", 1, 30, 40, None, state="RUNNING")], now_ts=400) == (0, 400)
+    assert censored_wait_s(refused, 300) is None  # never queued: harmed, not waiting
+    assert censored_wait_s(lost, 300) == 280  # from its own submit, not the window's start

@@ -325,6 +325,23 @@ def test_the_backlogged_loop_resubmits_a_failed_job_once_and_counts_it_pending(
     assert names[:3] == ["--job-name=j00", "--job-name=j00", "--job-name=j01"]
 
 
+def test_jobs_not_ended_at_the_open_loop_timeout_are_remembered_as_lost(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # The cleanup's scancel then ends them CANCELLED: without the mark they were neither lost nor waited for.
+    clock = [1000.0]
+    monkeypatch.setattr(runner, "time", SimpleNamespace(time=lambda: clock[0], sleep=lambda s: clock.__setitem__(0, clock[0] + s)))
+    slurm = FakeSlurm(clock)
+    settings = RunSettings(mode="stock", policy=tmp_path / "p.yaml", out_dir=tmp_path, users=("u",), passthrough_hook="",
+                           timeout_s=12.0)
+    run = runner.ReplayRun(Workload(tuple(job(name=f"j{i}") for i in range(6))), settings,
+                           SimpleNamespace(slurm=slurm, job_command=lambda: ["x"]), lambda message: None)
+    for index, each in enumerate(run.workload.jobs):
+        run._submit(index, each)
+    assert set(run.submitted) == {str(i) for i in range(1, 7)}
+    run._wait_all_ended(1000.0)  # the fake starts one job a listing and never ends any
+    assert run.timed_out == {str(i) for i in range(1, 7)}
+
+
 def test_a_given_database_is_used_as_it_is_not_a_fresh_one(tmp_path: Path) -> None:
     made: list[str] = []
     cluster = SimpleNamespace(slurm=None, job_command=lambda: ["x"], scratch_database=lambda name: made.append(name) or "scratch")
