@@ -380,9 +380,20 @@ def _gpu_rows(gpu: GpuReading, pid_jobs: Mapping[int, str | None], allocated: se
             by_job.setdefault(job, []).append(position)
     jobs = set(by_job) | allocated
     shared = len(jobs) > 1
+    # Work NVML shows under no job (no process list at all, MPS clients, another container's
+    # pids, a pid whose job lookup failed) may be an allocated job's: it must never read as that
+    # job's idleness, which reclaim would act on. A GPU Slurm gave one job alone is that job's
+    # whole; among several, a job with nothing attributed is unknown, not idle.
+    unexplained = any(pid_jobs.get(p.pid) is None for p in gpu.processes) or (
+        not gpu.processes and (gpu.sm_util_pct or 0.0) > 0.0)
     rows = []
     for job in sorted(jobs):
         positions = by_job.get(job, [])
+        if not positions and unexplained:
+            alone = len(jobs) == 1
+            util = gpu.sm_util_pct if alone else None
+            rows.append(JobGpuUsage(job, gpu.index, util, (gpu.memory_used_mib or 0.0) if alone else 0.0, shared, ()))
+            continue
         share = sum(weights[p] for p in positions) / total if total > 0 else 0.0
         util = None if gpu.sm_util_pct is None else round(gpu.sm_util_pct * share, 3)
         memory = sum(gpu.processes[p].used_memory_mib or 0.0 for p in positions)

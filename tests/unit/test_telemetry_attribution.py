@@ -204,6 +204,20 @@ def test_allocations_add_zero_rows_and_lost_gpus_are_skipped() -> None:
     assert [(r.gpu_index, r.job_id, r.sm_util_pct, r.pids) for r in rows] == [(0, "a", 90.0, (1,)), (1, "a", 0.0, ())]
 
 
+def test_work_nvml_shows_under_no_job_never_reads_as_an_allocated_jobs_idleness() -> None:
+    # Seen on a real H100 in a k8s pod: 74 GB used, "No running processes found". MPS clients
+    # and pids whose job lookup failed look the same. A 0 % row here gets a busy job requeued.
+    reading = node(
+        GpuReading(0, sm_util_pct=97.0, memory_used_mib=74000.0),  # no process list
+        GpuReading(1, sm_util_pct=60.0, processes=(GpuProcess(7, 5000.0, None),)),  # pid 7: job unknown
+        GpuReading(2, sm_util_pct=50.0, memory_used_mib=9000.0),  # two shard jobs, nothing attributed
+        GpuReading(3, sm_util_pct=0.0),  # over-allocated and truly idle: still a 0 % row
+    )
+    rows = job_gpu_usage(reading, {7: None}, allocations={"a": [0, 1, 3], "s1": [2], "s2": [2]})
+    assert [(r.gpu_index, r.job_id, r.sm_util_pct, r.memory_used_mib) for r in rows] == [
+        (0, "a", 97.0, 74000.0), (1, "a", 60.0, 0.0), (2, "s1", None, 0.0), (2, "s2", None, 0.0), (3, "a", 0.0, 0.0)]
+
+
 def test_util_unknown_stays_unknown() -> None:
     reading = node(GpuReading(0, sm_util_pct=None, processes=(GpuProcess(1, 100.0, None),)))
     assert job_gpu_usage(reading, {1: "a"})[0].sm_util_pct is None
