@@ -65,6 +65,20 @@ def static_features(reading: NodeReading, islands: Sequence[Sequence[int]] | Non
     return tuple(sorted(found))
 
 
+def _judged(reading: NodeReading, islands: Sequence[Sequence[int]] | None) -> Callable[[str], bool]:
+    """Which of our static features this reading can judge. Without a topology (`topo -m` failed
+    at start) the nvlink features are unknown, not gone; with a GPU lost, so are the type and
+    memory classes (the lost GPU's may be the only one of its kind). Unknown ones are kept."""
+    lost = any(gpu.lost for gpu in reading.gpus)
+
+    def judged(feature: str) -> bool:
+        if not feat.is_static_feature(feature):
+            return False
+        nvlink = feat.is_nvlink_feature(feature)
+        return (islands is not None) if nvlink else not lost
+    return judged
+
+
 @dataclass(frozen=True)
 class PollResult:
     """What one tick did (tests and `--once` output)."""
@@ -166,7 +180,7 @@ class Agent:
         if not wanted or not self._due(wanted):
             return None
         try:
-            return self._publish_now(wanted)
+            return self._publish_now(wanted, _judged(reading, self._islands))
         except AigcError as error:
             LOG.warning("agent: cannot publish features of %s (retrying next tick): %s", self.node, error)
             return None
@@ -178,11 +192,15 @@ class Agent:
             return False  # a dry run logs each would-be change once
         return self._last_check is None or self._clock() - self._last_check >= self.config.feature_check_s
 
-    def _publish_now(self, wanted: tuple[str, ...]) -> tuple[str, ...] | None:
-        """`scontrol show node` then, when ours are missing or stale, `scontrol update NodeName=.. Features=..`."""
+    def _publish_now(self, wanted: tuple[str, ...], judged: Callable[[str], bool] = feat.is_static_feature
+                     ) -> tuple[str, ...] | None:
+        """`scontrol show node` then, when ours are missing or stale, `scontrol update NodeName=.. Features=..`.
+
+        Only features this reading can judge (`judged`) are replaced; the others stay as Slurm has them.
+        """
         current = self._slurm.node(self.node).available_features
         self._last_check = self._clock()
-        merged = feat.merge_features(current, wanted, feat.is_static_feature)
+        merged = feat.merge_features(current, wanted, judged)
         if feat.same_features(merged, current):
             self._published = wanted
             return None

@@ -99,6 +99,11 @@ def is_static_feature(feature: str) -> bool:
     return bool(_STATIC_RE.match(feature)) or feature in GPU_TYPE_FEATURES
 
 
+def is_nvlink_feature(feature: str) -> bool:
+    """`nvlink` or `nvlink<N>`: the agent's, from the topology."""
+    return feature == "nvlink" or (feature.startswith("nvlink") and feature[6:].isdigit())
+
+
 def is_dynamic_feature(feature: str) -> bool:
     """Owned by the publisher (see the module docstring)."""
     return bool(_DYNAMIC_RE.match(feature))

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pynvml
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -172,6 +174,26 @@ def test_publishing_off_and_unknown_topology() -> None:
     quiet = Agent("dgx-01", backend(machine), None, SlurmCli(runner=slurm), AgentConfig(publish_features=False),
                   attribute=lambda pids: {}, split_uses=job_gpu_usage, parse_islands=islands)
     assert quiet.tick().published is None
+
+
+def test_what_a_reading_cannot_judge_is_kept_not_withdrawn() -> None:
+    # A `topo -m` that failed at start says nothing of NVLink; a lost GPU nothing of its type:
+    # the node's nvlink8 and a100/vram80g stay (before, the agent withdrew them).
+    def broken(_text: str) -> list[list[int]]:
+        return parse_topo_matrix("GPU0\tGPU1\nnot a matrix").nvlink_islands()
+
+    slurm = FakeSlurm([FakeNode("dgx-01", features=["a100", "nvlink", "nvlink8", "vram80g", "ib"])])
+    no_topology = Agent("dgx-01", backend(fakes.dgx_a100()), None, SlurmCli(runner=slurm), AgentConfig(),
+                        attribute=lambda pids: {}, split_uses=job_gpu_usage, parse_islands=broken)
+    no_topology.tick()
+    assert set(slurm.nodes["dgx-01"].features) == {"a100", "nvlink", "nvlink8", "vram80g", "ib"}
+    machine = fakes.dgx_a100()
+    every_gpu_lost = replace(machine, gpus=tuple(replace(g, errors={"nvmlDeviceGetMemoryInfo": pynvml.NVML_ERROR_GPU_IS_LOST})
+                                                 for g in machine.gpus))
+    lost = Agent("dgx-01", backend(every_gpu_lost), None, SlurmCli(runner=slurm), AgentConfig(),
+                 attribute=lambda pids: {}, split_uses=job_gpu_usage, parse_islands=islands)
+    lost.tick()
+    assert set(slurm.nodes["dgx-01"].features) == {"a100", "nvlink", "nvlink8", "vram80g", "ib"}
 
 
 # --------------------------------------------------------------------------- config
