@@ -105,10 +105,19 @@ class NvmlBackend:
     # -- polling
 
     def read(self) -> NodeReading:
-        """One poll of every GPU; a GPU that fails mid-poll becomes a `lost` record."""
+        """One poll of every GPU; a GPU that fails mid-poll becomes a `lost` record.
+
+        An error of the session itself (the driver reloaded or went away) fails the poll, which
+        the daemon loop retries with back-off, and ends the session: the next poll starts a new
+        one (`nvmlInit`) instead of asking a dead one forever.
+        """
         self.start()
-        driver = self._query("nvmlSystemGetDriverVersion")
-        count = self._nvml.nvmlDeviceGetCount()
+        try:
+            driver = self._query("nvmlSystemGetDriverVersion")
+            count = self._nvml.nvmlDeviceGetCount()
+        except self._nvml.NVMLError as error:
+            self.close()
+            raise NvmlUnavailableError(f"NVML session failed ({error}); a new one starts at the next poll") from None
         gpus = tuple(self._read_gpu(index) for index in range(count))
         return NodeReading(node=self.node, ts=self._clock(), driver_version=_text(driver), gpus=gpus)
 

@@ -111,6 +111,23 @@ def test_nvml_is_initialised_lazily_once_and_shut_down_once() -> None:
     assert nvml.shutdown_calls == 1 and not nvml.initialized
 
 
+def test_a_failed_session_is_ended_and_the_next_poll_starts_a_new_one() -> None:
+    # A driver reload mid-run: nvmlDeviceGetCount fails. Before, every later poll asked the dead session.
+    source, nvml = backend(fakes.dgx_a100())
+    source.read()
+    healthy = nvml.nvmlDeviceGetCount
+
+    def reloading() -> int:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+
+    nvml.nvmlDeviceGetCount = reloading  # type: ignore[method-assign]
+    with pytest.raises(NvmlUnavailableError, match="new one starts at the next poll"):
+        source.read()
+    assert nvml.shutdown_calls == 1
+    nvml.nvmlDeviceGetCount = healthy  # type: ignore[method-assign]
+    assert len(source.read().gpus) == 8 and nvml.init_calls == 2
+
+
 def test_topology_text_comes_from_nvidia_smi_and_cross_checks_with_nvml() -> None:
     source, _ = backend(fakes.dgx_a100())
     text = source.topology_text()
