@@ -2,8 +2,9 @@
 
 GPU-hours allocated count each run segment's allocation (whole GPUs plus shards as GPU
 fractions) inside the report window; a running job counts up to the window end. GPU-hours
-used come only from samples; jobs without samples are counted apart and left out of
-efficiency instead of being taken as idle.
+used come only from samples; time without samples (jobs without any, and the hours a sampled
+job's samples do not cover) is counted apart and left out of efficiency instead of being
+taken as idle. Per run segment and hour, used <= sampled <= allocated GPU-seconds.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ ALL = "all"
 _UTIL_BINS = 60
 _ATTRS = ("user", "account", "partition", "class", "gpu_type")
 _CLASS = _ATTRS.index("class")
+# Samples are capped against the allocation per run segment and clock hour (rollups are hourly).
+_CELL_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,16 @@ class Report:
     notes: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class _Segment:
+    """One run segment as samples join it: allocated time (None: never started), GPUs, group attributes."""
+
+    start_ts: float | None
+    end_ts: float
+    gpus: float
+    attrs: tuple[str, ...]
+
+
 @dataclass
 class _Acc:
     """Running sums of one group (internal, mutable while aggregating)."""
@@ -180,9 +193,11 @@ class Aggregator:
         self._p = params
         self._groups: dict[tuple[str, ...], _Acc] = defaultdict(_Acc)
         self._total = _Acc()
-        self._job_attrs: dict[str, tuple[str, ...]] = {}
+        self._job_segments: dict[str, list[_Segment]] = {}
         self._job_alias: dict[str, str] = {}
-        self._alloc: dict[tuple[str, tuple[str, ...]], float] = defaultdict(float)
+        # (job, segment index, hour, day) -> [known, used, useful, unjudged] GPU-seconds, capped in result().
+        self._cells: dict[tuple[str, int, int, str], list[float]] = {}
+        self._days: dict[str, tuple[float, float]] = {}
         self._util_bins: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0]))
         self._skipped: list[SkippedRow] = []
         self._unresolved_shard_jobs: set[str] = set()
@@ -205,17 +220,18 @@ class Aggregator:
         """Count one run segment of one job."""
         job = record.job_id_raw
         attrs = self._attrs(record)
-        self._job_attrs[job] = attrs
         if record.job_id != job:
             self._job_alias[record.job_id] = job
         whole, shard, resolved = gpu_equivalents(record.tres, self._p.shards_per_gpu, record.node_list)
         if not resolved:
             self._unresolved_shard_jobs.add(job)
+        # Samples join the segment they fall in: a requeued job's runs can differ in partition and GPU type.
+        end = record.end_ts if record.end_ts is not None else self._p.until_ts
+        self._job_segments.setdefault(job, []).append(_Segment(record.start_ts, end, whole + shard, attrs))
         for day, seconds in self._pieces(record):
             key = self._key(attrs, day)
             for acc in (self._groups[key], self._total):
                 self._count_piece(acc, record, whole, shard, seconds)
-            self._alloc[(job, key)] += (whole + shard) * seconds
         self._count_segment(record, attrs)
 
     def _count_piece(self, acc: _Acc, record: JobRecord, whole: float, shard: float, seconds: float) -> None:
@@ -243,9 +259,10 @@ class Aggregator:
         day = day_of(self._clip(anchor if anchor is not None else self._p.since_ts), self._p.tz)
         key = self._key(attrs, day)
         wait = record.queue_wait_s
+        started_in_window = record.start_ts is not None and self._p.since_ts <= record.start_ts < self._p.until_ts
         for acc in (self._groups[key], self._total):
             acc.segments += 1
-            if wait is not None and record.start_ts is not None and record.start_ts >= self._p.since_ts:
+            if wait is not None and started_in_window:
                 acc.waits_s.append(wait)
         # With --duplicates every run of a requeued (or preempted and requeued) job is a
         # record of its own; the job's last record seen carries the count.
@@ -278,41 +295,86 @@ class Aggregator:
 
     # -- samples ---------------------------------------------------------------------
     def add_slices(self, slices: Iterable[SampleSlice]) -> None:
-        """Count used GPU-seconds of jobs that are in the report; note the others."""
+        """Sum known GPU-seconds of jobs that are in the report per segment and hour; note the others."""
         for piece in slices:
             job = self._job_alias.get(piece.job_id, piece.job_id)
-            attrs = self._job_attrs.get(job)
-            used = piece.used_gpu_s
-            if attrs is None:
+            segments = self._job_segments.get(job)
+            if segments is None:
                 self._foreign_sample_jobs.add(piece.job_id)
                 continue
-            if used is None:
-                continue
-            key = self._sample_key(job, attrs, piece.ts)
-            useful, unjudged = self._useful(piece)
-            for acc in (self._groups[key], self._total):
-                acc.used_gpu_s += used
-                acc.useful_gpu_s += useful
-                acc.unjudged_gpu_s += unjudged
-                acc.sampled_jobs.add(job)
-            cell = self._util_bins[attrs[_CLASS]][int((piece.ts - self._p.since_ts) // self._bin_s)]
-            cell[0] += (piece.sm_util_pct or 0.0) * piece.duration_s
+            if piece.sm_util_pct is None:
+                continue  # unknown utilization: unknown time, neither used nor idle
+            index = _segment_at(segments, piece.ts)
+            segment = segments[index]
+            cell = self._util_bins[segment.attrs[_CLASS]][int((piece.ts - self._p.since_ts) // self._bin_s)]
+            cell[0] += piece.sm_util_pct * piece.duration_s
             cell[1] += piece.duration_s
+            # A GPU sample covers at most the job's share of that GPU (a shard job: its fraction);
+            # a segment without GPU-hours (unresolved shards, no GPUs) has nothing to use.
+            share = min(1.0, segment.gpus)
+            if share <= 0:
+                continue
+            used, useful, unjudged = self._fractions(piece, share)
+            start = max(piece.ts, self._p.since_ts)
+            for hour, day, seconds in self._cuts(start, min(piece.ts + piece.duration_s, self._p.until_ts)):
+                sums = self._cells.get((job, index, hour, day))
+                if sums is None:
+                    sums = self._cells[(job, index, hour, day)] = [0.0, 0.0, 0.0, 0.0]
+                sums[0] += share * seconds
+                sums[1] += used * seconds
+                sums[2] += useful * seconds
+                sums[3] += unjudged * seconds
 
-    def _useful(self, piece: SampleSlice) -> tuple[float, float]:
-        """(useful GPU-seconds, GPU-seconds busy enough to be fake but without power) of a slice."""
+    def _fractions(self, piece: SampleSlice, share: float) -> tuple[float, float, float]:
+        """(used, useful, busy-but-unjudged) GPUs of a sample, each at most the job's share of the GPU."""
         util = piece.sm_util_pct or 0.0
         rule = self._p.useful
-        useful = (rule.useful_pct(util, piece.power_draw_w, piece.power_limit_w) or 0.0) / 100.0 * piece.duration_s
-        unjudged = piece.duration_s if rule.unjudged(util, piece.power_draw_w, piece.power_limit_w) else 0.0
-        return useful, unjudged
+        used = min(util / 100.0, share)
+        useful = min((rule.useful_pct(util, piece.power_draw_w, piece.power_limit_w) or 0.0) / 100.0, used)
+        unjudged = share if rule.unjudged(util, piece.power_draw_w, piece.power_limit_w) else 0.0
+        return used, useful, unjudged
 
-    def _sample_key(self, job: str, attrs: tuple[str, ...], ts: float) -> tuple[str, ...]:
-        key = self._key(attrs, day_of(ts, self._p.tz))
-        if (job, key) in self._alloc:
-            return key
-        # A sample on a day the job held no allocation in the window (clock skew at an edge).
-        return self._last_key[job]
+    def _cuts(self, start: float, end: float) -> Iterable[tuple[int, str, float]]:
+        """[start, end) cut at clock hours and midnights of `tz` -> (hour, day, seconds) pieces."""
+        cursor = start
+        while cursor < end:
+            hour = int(cursor // _CELL_S)
+            day, day_end = self._day_at(cursor)
+            piece_end = min(end, (hour + 1) * _CELL_S, day_end)
+            yield hour, day, piece_end - cursor
+            cursor = piece_end
+
+    def _day_at(self, ts: float) -> tuple[str, float]:
+        day = sys.intern(day_of(ts, self._p.tz))  # one string per day, not one per cell
+        return day, self._day_span(day)[1]
+
+    def _day_span(self, day: str) -> tuple[float, float]:
+        span = self._days.get(day)
+        if span is None:
+            today = date.fromisoformat(day)
+            span = self._days[day] = (_midnight(today, self._p.tz), _midnight(today + timedelta(days=1), self._p.tz))
+        return span
+
+    def _fold_cells(self) -> None:
+        """Cap each cell: sampled <= the segment's allocation in that hour, used <= sampled, useful <= used."""
+        for (job, index, hour, day), (known, used, useful, unjudged) in self._cells.items():
+            segment = self._job_segments[job][index]
+            if segment.start_ts is None:
+                continue
+            day_start, day_end = self._day_span(day)
+            low = max(segment.start_ts, self._p.since_ts, hour * _CELL_S, day_start)
+            high = min(segment.end_ts, self._p.until_ts, (hour + 1) * _CELL_S, day_end)
+            sampled = min(known, segment.gpus * max(0.0, high - low))
+            if sampled <= 0:
+                continue
+            used = min(used, sampled)
+            key = self._key(segment.attrs, day)
+            for acc in (self._groups[key], self._total):
+                acc.sampled_gpu_s += sampled
+                acc.used_gpu_s += used
+                acc.useful_gpu_s += min(useful, used)
+                acc.unjudged_gpu_s += min(unjudged, sampled)
+                acc.sampled_jobs.add(job)
 
     # -- actions ---------------------------------------------------------------------
     def add_actions(self, events: Iterable[ActionEvent]) -> None:
@@ -321,10 +383,11 @@ class Aggregator:
             if not event.effective:
                 continue
             job = self._job_alias.get(event.job_id, event.job_id)
-            attrs = self._job_attrs.get(job)
-            if attrs is None:
+            segments = self._job_segments.get(job)
+            if segments is None:
                 self._foreign_action_jobs.add(event.job_id)
                 continue
+            attrs = segments[_segment_at(segments, event.ts)].attrs
             key = self._key(attrs, day_of(self._clip(event.ts), self._p.tz))
             for acc in (self._groups[key], self._total):
                 if event.action == "requeue":
@@ -340,10 +403,7 @@ class Aggregator:
                 for acc in (self._groups[self._last_key[job]], self._total):
                     acc.requeued_jobs.add(job)
                     acc.requeues += count - 1
-        for (job, key), gpu_s in self._alloc.items():
-            if job in self._groups[key].sampled_jobs:
-                self._groups[key].sampled_gpu_s += gpu_s
-                self._total.sampled_gpu_s += gpu_s
+        self._fold_cells()
         groups = tuple(_figures(key, acc) for key, acc in sorted(self._groups.items()))
         waits = tuple(self._total.waits_s)
         return Report(
@@ -369,7 +429,8 @@ class Aggregator:
             notes.append(f"{self._total.unjudged_gpu_s / 3600:.3f} GPU-hours at >= {self._p.useful.busy_util_pct:g} % SM had no "
                          "power reading (rolled-up hours, GPUs without power): counted as useful, fake-busy or not")
         if self._unresolved_shard_jobs:
-            notes.append(f"{len(self._unresolved_shard_jobs)} job(s) hold shards of an unknown GPU type: counted as 0 GPU-hours")
+            notes.append(f"{len(self._unresolved_shard_jobs)} job(s) hold shards of an unknown GPU type: "
+                         "counted as 0 GPU-hours, allocated and used")
         if self._foreign_sample_jobs:
             notes.append(f"samples of {len(self._foreign_sample_jobs)} job(s) outside the selection were not counted")
         if self._foreign_action_jobs:
@@ -391,6 +452,7 @@ def _figures(key: tuple[str, ...], acc: _Acc) -> GroupFigures:
         whole_gpu_jobs=len(acc.whole_jobs), shard_jobs=len(acc.shard_jobs),
         gpu_hours_sampled=sampled_h, gpu_hours_unsampled=max(0.0, allocated_h - sampled_h),
         jobs_without_samples=len(acc.gpu_jobs - acc.sampled_jobs), gpu_hours_used=used_h,
+        # used <= sampled per cell (`_fold_cells`): max() only absorbs float rounding.
         idle_gpu_hours=None if used_h is None else max(0.0, sampled_h - used_h),
         efficiency=None if used_h is None or sampled_h <= 0 else used_h / sampled_h,
         gpu_hours_useful=useful_h,
@@ -401,6 +463,25 @@ def _figures(key: tuple[str, ...], acc: _Acc) -> GroupFigures:
         jobs_requeued_by_aigc=len(acc.aigc_requeued), jobs_shrunk_by_aigc=len(acc.aigc_shrunk),
         gpu_hours_recovered=acc.recovered_gpu_h,
     )
+
+
+def _segment_at(segments: list[_Segment], ts: float) -> int:
+    """The segment whose [start, end) holds `ts`; else the last one started before it, else the first started."""
+    before: tuple[float, int] | None = None
+    first: tuple[float, int] | None = None
+    for index, segment in enumerate(segments):
+        start = segment.start_ts
+        if start is None:
+            continue
+        if start <= ts < segment.end_ts:
+            return index
+        if start <= ts and (before is None or start > before[0]):
+            before = (start, index)
+        if first is None or start < first[0]:
+            first = (start, index)
+    # A sample outside every run (clock skew at an edge): the cap against that run's hours decides what counts.
+    chosen = before or first
+    return chosen[1] if chosen is not None else len(segments) - 1
 
 
 def build_report(params: ReportParams, rows: Iterable[JobRecord | SkippedRow],
@@ -459,13 +540,16 @@ def job_view(job_id: str, rows: Iterable[JobRecord | SkippedRow], slices: Iterab
             allocated_s += (whole + shard) * max(0.0, end - record.start_ts)
         if whole + shard > 0:
             gpus, gpu_type = whole + shard, gpu_type_of(record.tres, shards_per_gpu, record.node_list)
+    slices = list(slices)
     series = _series(slices)
-    sampled_h = sum(s.sampled_hours for s in series)
-    used_h = sum(s.used_gpu_hours for s in series) if series else None
+    # The same figures as `report`: one window over the whole job, shards as their fraction of a GPU.
+    total = build_report(ReportParams(0.0, now_ts, shards_per_gpu=shards_per_gpu), records, slices).total
+    used_h = total.gpu_hours_used
+    if used_h is None and not records and series:
+        used_h = sum(s.used_gpu_hours for s in series)  # samples sacct knows no job for: no allocation to cap by
     return JobView(
         job_id=job_id, segments=tuple(records), gpu_hours_allocated=allocated_s / 3600.0, gpus=gpus,
-        gpu_type=gpu_type, series=series, gpu_hours_used=used_h,
-        efficiency=None if used_h is None or sampled_h <= 0 else used_h / sampled_h,
+        gpu_type=gpu_type, series=series, gpu_hours_used=used_h, efficiency=total.efficiency,
         actions=tuple(actions), skipped=tuple(skipped),
     )
 

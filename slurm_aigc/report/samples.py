@@ -8,6 +8,7 @@ hourly rollups (`report/retention.py`).
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from itertools import groupby
 
 from sqlalchemy import select
@@ -15,7 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from slurm_aigc.db import ActionRecord, JobGpuRollup, JobGpuSample
 from slurm_aigc.report.records import DEFAULT_INTERVAL_S, ActionEvent, SampleSlice, slices
-from slurm_aigc.report.retention import rolled_until, rollup_slices
+from slurm_aigc.report.retention import BUCKET_S, rolled_until, rollup_slices
 
 _BATCH = 5000
 
@@ -30,8 +31,9 @@ class SampleStore:
     def job_slices(self, since_ts: float, until_ts: float, job_ids: Sequence[str] = ()) -> Iterator[SampleSlice]:
         """Every sample in [since, until), one GPU series at a time (memory: one series).
 
-        Hours older than the retention mark come from `job_gpu_rollups` (an hour counts when it
-        starts in the window), newer ones from the raw rows; never both for the same hour.
+        Hours older than the retention mark come from `job_gpu_rollups`, newer ones from the raw
+        rows; never both for the same hour. An hour only partly in the window counts that part of
+        its sums (`_clipped`): a rollup is an hourly sum, so this assumes its samples spread evenly.
         """
         with self._factory() as session:
             mark = rolled_until(session)
@@ -54,12 +56,13 @@ class SampleStore:
 
     @staticmethod
     def _rollup_slices(session: Session, since_ts: float, until_ts: float, job_ids: Sequence[str]) -> Iterator[SampleSlice]:
-        query = select(JobGpuRollup).where(JobGpuRollup.bucket_ts >= since_ts, JobGpuRollup.bucket_ts < until_ts)
+        query = select(JobGpuRollup).where(JobGpuRollup.bucket_ts > since_ts - BUCKET_S, JobGpuRollup.bucket_ts < until_ts)
         if job_ids:
             query = query.where(JobGpuRollup.job_id.in_(list(job_ids)))
         query = query.order_by(JobGpuRollup.job_id, JobGpuRollup.node, JobGpuRollup.gpu_index, JobGpuRollup.bucket_ts)
         for row in session.scalars(query.execution_options(yield_per=_BATCH)):
-            yield from rollup_slices(row)
+            for piece in rollup_slices(row):
+                yield _clipped(piece, row.bucket_ts, since_ts, until_ts)
 
     def actions(self, since_ts: float, until_ts: float, job_ids: Sequence[str] = ()) -> list[ActionEvent]:
         """Audit rows whose intent falls in [since, until) (or of the given jobs, any time)."""
@@ -70,6 +73,19 @@ class SampleStore:
             query = query.where(ActionRecord.ts_intent >= since_ts, ActionRecord.ts_intent < until_ts)
         with self._factory() as session:
             return [_event(row) for row in session.scalars(query.order_by(ActionRecord.ts_intent))]
+
+
+def _clipped(piece: SampleSlice, bucket_ts: float, since_ts: float, until_ts: float) -> SampleSlice:
+    """A rollup slice of an hour the window only partly covers: scaled to the covered part, placed inside it.
+
+    The allocation is clipped to the exact window edge; taking or dropping the whole hour would
+    not match it. The utilization (a mean over the hour) is kept.
+    """
+    low, high = max(bucket_ts, since_ts), min(bucket_ts + BUCKET_S, until_ts)
+    if low <= bucket_ts and high >= bucket_ts + BUCKET_S:
+        return piece
+    duration_s = piece.duration_s * max(0.0, high - low) / BUCKET_S
+    return replace(piece, ts=max(low, min(piece.ts, high - duration_s)), duration_s=duration_s)
 
 
 def _event(row: ActionRecord) -> ActionEvent:

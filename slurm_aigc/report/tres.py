@@ -10,6 +10,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
+
+from ClusterShell.NodeSet import NodeSet, NodeSetParseError
 
 from slurm_aigc.errors import AigcError
 
@@ -122,8 +125,8 @@ def gpu_equivalents(tres: Tres, shards_per_gpu: Mapping[str, int], node_list: st
     """(whole GPUs, shards as GPU fractions, shards resolved) for one allocation.
 
     A shard is 1/shards_per_gpu[type] of a GPU. Untyped shards take their type from the
-    typed GPU counts or else from the node names (`a100-01` -> a100); when neither tells,
-    the third value is False and the shard fraction is 0 (reports say so, never guess).
+    typed GPU counts or else from the node names (`a100-01` -> a100, see `_node_type`); when
+    neither tells, the third value is False and the shard fraction is 0 (reports say so, never guess).
     """
     whole = float(tres.gpus)
     fraction = 0.0
@@ -148,8 +151,37 @@ def _guess_type(tres: Tres, shards_per_gpu: Mapping[str, int], node_list: str) -
     known = [t for t in tres.gpus_by_type if t in shards_per_gpu]
     if len(known) == 1:
         return known[0]
-    by_node = [t for t in shards_per_gpu if node_list.lower().startswith(t.lower())]
-    return by_node[0] if len(by_node) == 1 else None
+    return _nodes_type(node_list, tuple(shards_per_gpu))
+
+
+@lru_cache(maxsize=4096)
+def _nodes_type(node_list: str, types: tuple[str, ...]) -> str | None:
+    """The one type every node of the list names; None when one names none or two differ."""
+    guesses = {_node_type(name, types) for name in _node_names(node_list)}
+    return guesses.pop() if len(guesses) == 1 else None
+
+
+def _node_type(name: str, types: tuple[str, ...]) -> str | None:
+    """The longest type the name starts with at a boundary: with a10 and a100, `a100-01` and `a100n3` are a100."""
+    name = name.lower()
+    found = [t for t in types if t and name.startswith(t.lower()) and _boundary(t, name[len(t):])]
+    return max(found, key=len) if found else None
+
+
+def _boundary(type_name: str, rest: str) -> bool:
+    # The type must end where a word of the name ends: `a10` is no prefix of `a100-01`, `t4` none of `t401`.
+    return not rest or not rest[0].isalnum() or type_name[-1].isdigit() != rest[0].isdigit()
+
+
+def _node_names(node_list: str) -> list[str]:
+    if not node_list:
+        return []
+    if "[" not in node_list and "," not in node_list:
+        return [node_list]  # NodeSet costs ~40 us; most jobs run on one plain-named node
+    try:
+        return [str(name) for name in NodeSet(node_list)]
+    except NodeSetParseError:
+        return []  # unreadable: no type from it, as for a name without one
 
 
 def gpu_type_of(tres: Tres, known_types: Mapping[str, int], node_list: str = "") -> str:

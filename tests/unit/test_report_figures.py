@@ -11,6 +11,7 @@ from slurm_aigc.report.figures import (
     ReportParams,
     UsefulRule,
     build_report,
+    job_view,
     split_by_day,
 )
 from slurm_aigc.report.records import ActionEvent, SampleSlice
@@ -34,11 +35,11 @@ def params(*group_by: str, since: str = "2026-11-30T00:00:00", until: str = "202
 
 
 def record(job: str, start: str | None, end: str | None, tres: str, *, cls: str = "train", submit: str | None = None,
-           state: str = "COMPLETED") -> JobRecord:
+           state: str = "COMPLETED", partition: str = "gpu", nodes: str = "a100-01") -> JobRecord:
     values = dict.fromkeys(FIELDS, "")
-    values.update(JobID=job, JobIDRaw=job, User="aigc-alice", Account="aigc", Partition="gpu", State=state,
+    values.update(JobID=job, JobIDRaw=job, User="aigc-alice", Account="aigc", Partition=partition, State=state,
                   Submit=submit or start or "2026-11-30T00:00:00", Start=start or "Unknown", End=end or "Unknown",
-                  AllocTRES=tres, NodeList="a100-01", Comment=f"aigc:type={cls}", AdminComment=f"aigc_class={cls}",
+                  AllocTRES=tres, NodeList=nodes, Comment=f"aigc:type={cls}", AdminComment=f"aigc_class={cls}",
                   ElapsedRaw="0")  # the class is the hook's AdminComment stamp
     parsed = next(parse_sacct_output(text_to_json(DELIMITER.join(FIELDS) + "\n" + DELIMITER.join(values[f] for f in FIELDS)), tz=UTC))
     assert isinstance(parsed, JobRecord)
@@ -207,3 +208,74 @@ def test_the_sample_store_hands_the_power_readings_to_the_rule(tmp_path: Path) -
     job = record("901", "2026-11-30T01:00:00", "2026-11-30T01:01:00", "gres/gpu=1")
     total = build_report(params(), [job], pieces).total
     assert total.gpu_hours_used == pytest.approx(60 / 3600) and total.gpu_hours_useful == 0.0
+
+
+def test_hours_a_sampled_job_has_no_samples_for_are_unknown_not_idle() -> None:
+    """Audit 1: 10 h on one GPU, samples for 1 h at 100 %: 100 % over the sampled hour, 9 h unknown."""
+    job = record("11", "2026-11-30T01:00:00", "2026-11-30T11:00:00", "gres/gpu:a100=1,gres/gpu=1")
+    total = build_report(params(), [job], slices_for("11", "2026-11-30T04:00:00", 60, 100.0)).total
+    assert total.gpu_hours_allocated == pytest.approx(10.0)
+    assert total.gpu_hours_sampled == pytest.approx(1.0)
+    assert total.gpu_hours_unsampled == pytest.approx(9.0)
+    assert (total.gpu_hours_used, total.idle_gpu_hours, total.efficiency) == (pytest.approx(1.0), pytest.approx(0.0), pytest.approx(1.0))
+
+
+def test_used_hours_never_exceed_the_allocation() -> None:
+    """Audit 2: a 20/80 shard job alone on its GPU at 100 %, a 1-GPU job also sampled on a GPU it does not hold."""
+    shard = record("21", "2026-11-30T01:00:00", "2026-11-30T02:00:00", "gres/shard:a100=20,gres/shard=20", cls="infer")
+    whole = record("22", "2026-11-30T01:00:00", "2026-11-30T02:00:00", "gres/gpu:a100=1,gres/gpu=1")
+    samples = slices_for("21", "2026-11-30T01:00:00", 60, 100.0) + slices_for("22", "2026-11-30T01:00:00", 60, 100.0, gpus=2)
+    report = build_report(params("class"), [shard, whole], samples)
+    by = {g.key[0]: g for g in report.groups}
+    infer, train = by["infer"], by["train"]
+    assert infer.gpu_hours_allocated == pytest.approx(0.25)
+    assert (infer.gpu_hours_sampled, infer.gpu_hours_used, infer.efficiency) == (pytest.approx(0.25), pytest.approx(0.25), pytest.approx(1.0))
+    assert (train.gpu_hours_sampled, train.gpu_hours_used, train.efficiency) == (pytest.approx(1.0), pytest.approx(1.0), pytest.approx(1.0))
+    assert report.total.gpu_hours_used == pytest.approx(infer.gpu_hours_used + train.gpu_hours_used)
+    assert report.total.idle_gpu_hours == pytest.approx(0.0)
+    # Below its share the shard job reads what it used of it: 10 % of the GPU is 40 % of a quarter.
+    low = build_report(params(), [shard], slices_for("21", "2026-11-30T01:00:00", 60, 10.0)).total
+    assert low.efficiency == pytest.approx(0.4)
+
+
+def test_jobs_without_gpu_hours_add_no_used_hours() -> None:
+    """Audit 3: untyped shards on a node that names no type count 0 GPU-hours, used ones too."""
+    unresolved = record("31", "2026-11-30T01:00:00", "2026-11-30T02:00:00", "gres/shard=20", nodes="node7")
+    whole = record("32", "2026-11-30T01:00:00", "2026-11-30T02:00:00", "gres/gpu:a100=1,gres/gpu=1")
+    samples = slices_for("31", "2026-11-30T01:00:00", 60, 100.0) + slices_for("32", "2026-11-30T01:00:00", 60, 50.0)
+    report = build_report(params(), [unresolved, whole], samples)
+    assert report.total.gpu_hours_allocated == pytest.approx(1.0)
+    assert report.total.gpu_hours_used == pytest.approx(0.5)
+    assert report.total.efficiency == pytest.approx(0.5)
+    assert any("1 job(s) hold shards of an unknown GPU type" in note for note in report.notes)
+    alone = build_report(params(), [unresolved], slices_for("31", "2026-11-30T01:00:00", 60, 100.0)).total
+    assert alone.gpu_hours_used is None and alone.efficiency is None
+
+
+def test_a_requeued_jobs_samples_join_the_run_they_fall_in() -> None:
+    """Audit 4: the first run on `gpu` (20 %), the requeued one on `debug` (80 %): each group gets its run's samples."""
+    first = record("41", "2026-11-30T01:00:00", "2026-11-30T02:00:00", "gres/gpu:a100=1,gres/gpu=1", state="REQUEUED")
+    second = record("41", "2026-11-30T03:00:00", "2026-11-30T04:00:00", "gres/gpu:a100=1,gres/gpu=1", partition="debug")
+    samples = slices_for("41", "2026-11-30T01:00:00", 60, 20.0) + slices_for("41", "2026-11-30T03:00:00", 60, 80.0)
+    by = {g.key[0]: g for g in build_report(params("partition"), [first, second], samples).groups}
+    assert (by["gpu"].gpu_hours_used, by["gpu"].efficiency) == (pytest.approx(0.2), pytest.approx(0.2))
+    assert (by["debug"].gpu_hours_used, by["debug"].efficiency) == (pytest.approx(0.8), pytest.approx(0.8))
+
+
+def test_report_and_report_job_agree_on_a_shard_jobs_efficiency() -> None:
+    """Audit 6: a 20/80 shard job at 25 % of its GPU uses all of its share, in both views."""
+    job = record("61", "2026-11-30T01:00:00", "2026-11-30T02:00:00", "gres/shard:a100=20,gres/shard=20")
+    samples = slices_for("61", "2026-11-30T01:00:00", 60, 25.0)
+    total = build_report(params(), [job], samples).total
+    view = job_view("61", [job], samples, [], now_ts=ts("2026-12-01T00:00:00"), shards_per_gpu=SHARDS_PER_GPU)
+    assert total.efficiency == pytest.approx(1.0)
+    assert view.efficiency == pytest.approx(total.efficiency)
+    assert view.gpu_hours_used == pytest.approx(total.gpu_hours_used) == pytest.approx(0.25)
+
+
+def test_queue_waits_leave_out_runs_that_started_after_the_window() -> None:
+    """Audit 8: submitted in the window, started after --until: not this window's wait."""
+    inside = record("81", "2026-11-30T10:10:00", "2026-11-30T11:00:00", "gres/gpu=1", submit="2026-11-30T10:00:00")
+    later = record("82", "2026-12-01T02:00:00", "2026-12-01T03:00:00", "gres/gpu=1", submit="2026-11-30T23:00:00")
+    total = build_report(params(), [inside, later]).total
+    assert (total.queue_wait_mean_s, total.queue_wait_p95_s) == (600.0, 600.0)

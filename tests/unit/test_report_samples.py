@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from slurm_aigc.db import ActionRecord, JobGpuSample, open_database, transaction
+from slurm_aigc.db import ActionRecord, JobGpuRollup, JobGpuSample, RetentionState, open_database, transaction
 from slurm_aigc.report.figures import ReportParams, build_report
 from slurm_aigc.report.records import slices
 from slurm_aigc.report.sacct import parse_sacct_output
@@ -92,3 +92,27 @@ def test_report_joins_sacct_and_samples(db: sessionmaker[Session]) -> None:
     assert total.gpu_hours_sampled == pytest.approx(2.0)
     assert total.efficiency == pytest.approx(0.5)
     assert total.jobs_without_samples == 1 and total.gpu_hours_unsampled == pytest.approx(1.0)
+
+
+def test_rolled_up_hours_at_the_window_edges_count_the_part_inside(db: sessionmaker[Session]) -> None:
+    """Audit 5: mark at 12:00, window 10:30..13:00, one GPU at 100 %: allocated 2.5 GPU-h, used 2.5, not 2.0."""
+    with transaction(db) as session:
+        for hour in (0, 1):  # 10:00 and 11:00, rolled up: 360 polls at 100 %
+            session.add(JobGpuRollup(bucket_ts=T0 + 3600 * hour, job_id="51", node="a100-01", gpu_index=0, first_ts=T0 + 3600 * hour,
+                                     samples=360, duration_s=3600.0, known_s=3600.0, used_gpu_s=3600.0,
+                                     memory_used_mib_max=2048.0, memory_total_mib=81920.0))
+        session.add(RetentionState(id=1, rolled_until=T0 + 7200))
+    add_series(db, "51", 0, [T0 + 7200 + 10 * i for i in range(360)], [100.0] * 360)
+    values = dict.fromkeys(FIELDS, "")
+    values.update(JobID="51", JobIDRaw="51", State="COMPLETED", Submit="2026-11-30T10:00:00", Start="2026-11-30T10:00:00",
+                  End="2026-11-30T13:00:00", AllocTRES="gres/gpu:a100=1,gres/gpu=1", NodeList="a100-01", ElapsedRaw="10800")
+    text = DELIMITER.join(FIELDS) + "\n" + DELIMITER.join(values[f] for f in FIELDS)
+    params = ReportParams(T0 + 1800, T0 + 3 * 3600, (), tz=UTC)
+    pieces = list(SampleStore(db).job_slices(params.since_ts, params.until_ts))
+    assert min(p.ts for p in pieces) >= params.since_ts
+    total = build_report(params, parse_sacct_output(text_to_json(text), tz=UTC), pieces).total
+    assert total.gpu_hours_allocated == pytest.approx(2.5)
+    assert (total.gpu_hours_used, total.gpu_hours_sampled, total.efficiency) == (pytest.approx(2.5), pytest.approx(2.5), pytest.approx(1.0))
+    # The other edge: a window ending at 11:15 counts a quarter of the 11:00 hour.
+    early = list(SampleStore(db).job_slices(T0 + 1800, T0 + 4500))
+    assert sum(p.used_gpu_s or 0.0 for p in early) == pytest.approx(1800 + 900)

@@ -68,6 +68,20 @@ def test_gpu_type_from_node_names_when_untyped() -> None:
     assert gpu_type_of(parse_tres("gres/gpu=1"), SHARDS, "gpu-01") == UNTYPED
 
 
+def test_node_names_take_the_longest_type_they_start_with_on_every_node() -> None:
+    """Audit 7: with a10 and a100, `a100-01` is an a100 (not both, so neither); a node list must agree."""
+    shards = {"a10": 40, "a100": 80, "t4": 16}
+    untyped = parse_tres("gres/shard=20")
+    assert gpu_equivalents(untyped, shards, "a100-01") == (0.0, 0.25, True)
+    assert gpu_equivalents(untyped, shards, "a100n3") == (0.0, 0.25, True)
+    assert gpu_equivalents(untyped, shards, "a10-01") == (0.0, 0.5, True)
+    assert gpu_equivalents(untyped, shards, "a100-[01-02]") == (0.0, 0.25, True)
+    assert gpu_equivalents(untyped, shards, "a100-01,a10-01") == (0.0, 0.0, False)
+    assert gpu_equivalents(untyped, shards, "a100-01,gpu-01") == (0.0, 0.0, False)
+    assert gpu_type_of(parse_tres("gres/gpu=2"), shards, "A100-[01-02]") == "a100"
+    assert gpu_type_of(parse_tres("gres/gpu=1"), shards, "t401") == UNTYPED  # t4 does not end a word there
+
+
 @given(st.dictionaries(st.sampled_from(["a100", "t4", "h100", "l40s"]), st.integers(0, 64), max_size=4),
        st.integers(0, 512), st.integers(1, 1 << 20))
 def test_round_trip(gpus: dict[str, int], cpus: int, mem_mib: int) -> None:
