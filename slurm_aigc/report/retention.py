@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from itertools import groupby
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import ColumnElement, and_, delete, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from slurm_aigc.db import (
@@ -88,8 +88,8 @@ class Retention:
             mark = rolled_until(session)
         if mark is not None:
             for model in (JobGpuSample, GpuSample, ProcessSample):
-                result.deleted[model.__tablename__] = self._delete_before(model, mark)
-        result.deleted[NodePublication.__tablename__] = self._prune_publications(cutoff)
+                result.deleted[model.__tablename__] = self._delete_batched(model, model.ts < mark)
+        result.deleted[NodePublication.__tablename__] = self._delete_batched(NodePublication, _old_publications(cutoff))
         result.delete_s = time.monotonic() - started
         return result
 
@@ -103,25 +103,6 @@ class Retention:
             found = [session.scalar(select(func.min(model.ts))) for model in (JobGpuSample, GpuSample, ProcessSample)]
         oldest = [float(ts) for ts in found if ts is not None]
         return math.floor(min(oldest) / BUCKET_S) * BUCKET_S if oldest else None
-
-    def _prune_publications(self, cutoff: float) -> int:
-        """Delete publisher records older than `cutoff`, `batch_rows` per transaction, but keep each
-        node's newest written weight: a restarted publisher reads it to tell whether Slurm lost it."""
-        newest = (select(func.max(NodePublication.id))
-                  .where(NodePublication.dry_run.is_(False), NodePublication.weight_after.is_not(None))
-                  .group_by(NodePublication.node))
-        deleted = 0
-        while True:
-            with transaction(self._factory) as session:
-                keep = set(session.scalars(newest))
-                ids = [row_id for row_id in session.scalars(
-                    select(NodePublication.id).where(NodePublication.ts < cutoff).order_by(NodePublication.id)
-                    .limit(self._batch + len(keep))) if row_id not in keep][:self._batch]
-                if ids:
-                    session.execute(delete(NodePublication).where(NodePublication.id.in_(ids)))
-            deleted += len(ids)
-            if len(ids) < self._batch:
-                return deleted
 
     def _roll_bucket(self, bucket: float, result: RetentionResult) -> None:
         query = select(
@@ -144,17 +125,27 @@ class Retention:
         result.hours_rolled += 1
         result.rollup_rows += len(rows)
 
-    def _delete_before(self, model: type[JobGpuSample] | type[GpuSample] | type[ProcessSample], mark: float) -> int:
-        """Delete rows older than `mark`, `batch_rows` per transaction (short locks; agents keep inserting)."""
+    def _delete_batched(self, model: type[JobGpuSample] | type[GpuSample] | type[ProcessSample] | type[NodePublication],
+                        condition: ColumnElement[bool]) -> int:
+        """Delete the rows `condition` selects, `batch_rows` per transaction (short locks; agents keep inserting)."""
         deleted = 0
         while True:
             with transaction(self._factory) as session:
-                ids = list(session.scalars(select(model.id).where(model.ts < mark).order_by(model.id).limit(self._batch)))
+                ids = list(session.scalars(select(model.id).where(condition).order_by(model.id).limit(self._batch)))
                 if ids:
                     session.execute(delete(model).where(model.id.in_(ids)))
             deleted += len(ids)
             if len(ids) < self._batch:
                 return deleted
+
+
+def _old_publications(cutoff: float) -> ColumnElement[bool]:
+    """Publisher records older than `cutoff`, but each node's newest written weight: a restarted
+    publisher reads it to tell whether Slurm lost it."""
+    newest = (select(func.max(NodePublication.id))
+              .where(NodePublication.dry_run.is_(False), NodePublication.weight_after.is_not(None))
+              .group_by(NodePublication.node))
+    return and_(NodePublication.ts < cutoff, NodePublication.id.not_in(newest))
 
 
 def rollup(bucket: float, pieces: Iterable[SampleSlice]) -> JobGpuRollup:
