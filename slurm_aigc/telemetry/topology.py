@@ -95,10 +95,16 @@ class TopologyMatrix:
         return self.link(f"GPU{a}", f"GPU{b}")
 
     def nvlink_islands(self) -> list[list[int]]:
-        """Connected components of GPUs over NV# links; singletons included, all sorted."""
+        """GPUs in groups where every pair has its own NV# link; singletons included, all sorted.
+
+        Groups, not connected components: on a DGX-1's hybrid cube-mesh every GPU reaches every
+        other over NVLink hops, yet GPU0 and GPU5 share no link, and a 2-GPU job given them
+        talks over PCIe and the SMP link. Features built on islands (`nvlink<N>`, `nvfree<k>`)
+        promise a direct link between any two GPUs of a group (`nvlink_cliques`).
+        """
         indices = [g.index for g in self.gpus]
         edges = [(a, b) for a in indices for b in indices if a < b and _is_nv(self.gpu_link(a, b))]
-        return connected_components(indices, edges)
+        return nvlink_cliques(indices, edges)
 
     def to_json(self) -> dict[str, Any]:
         """The `slurm-aigc topo show --json` document (shape fixed by issue 4)."""
@@ -114,22 +120,50 @@ def _is_nv(link: Link | None) -> bool:
     return link is not None and link.level is LinkLevel.NV
 
 
-def connected_components(nodes: Iterable[int], edges: Iterable[tuple[int, int]]) -> list[list[int]]:
-    """Components of an undirected graph, each sorted, the list sorted (union-find)."""
-    parent = {n: n for n in nodes}
+def nvlink_cliques(nodes: Iterable[int], edges: Iterable[tuple[int, int]]) -> list[list[int]]:
+    """Partition into cliques: the largest clique first (ties: the lowest indices), then again.
 
-    def root(n: int) -> int:
-        while parent[n] != n:
-            parent[n] = parent[parent[n]]
-            n = parent[n]
-        return n
-
+    NVSwitch boards are one clique, NV4 quads and bridge pairs are theirs; the DGX-1 cube-mesh
+    splits into its two fully linked quads. Exact search (Bron-Kerbosch) is cheap at the 16
+    GPUs or fewer a node has.
+    """
+    left = sorted(set(nodes))
+    adjacent: dict[int, set[int]] = {n: set() for n in left}
     for a, b in edges:
-        parent[root(a)] = root(b)
-    groups: dict[int, list[int]] = {}
-    for n in parent:
-        groups.setdefault(root(n), []).append(n)
-    return sorted(sorted(g) for g in groups.values())
+        if a != b and a in adjacent and b in adjacent:
+            adjacent[a].add(b)
+            adjacent[b].add(a)
+    groups: list[list[int]] = []
+    while left:
+        group = _largest_clique(set(left), adjacent)
+        groups.append(group)
+        left = [n for n in left if n not in group]
+    return sorted(groups)
+
+
+def _largest_clique(nodes: set[int], adjacent: Mapping[int, set[int]]) -> list[int]:
+    best: list[int] = []
+
+    def better(clique: list[int]) -> bool:
+        return len(clique) > len(best) or (len(clique) == len(best) and clique < best)
+
+    def expand(clique: list[int], candidates: set[int], excluded: set[int]) -> None:
+        nonlocal best
+        if not candidates and not excluded:
+            found = sorted(clique)
+            if better(found):
+                best = found
+            return
+        if len(clique) + len(candidates) < len(best):
+            return  # cannot beat the best even by taking every candidate
+        pivot = max(candidates | excluded, key=lambda n: len(adjacent[n] & candidates))
+        for n in sorted(candidates - adjacent[pivot]):
+            expand(clique + [n], candidates & adjacent[n], excluded & adjacent[n])
+            candidates = candidates - {n}
+            excluded = excluded | {n}
+
+    expand([], set(nodes), set())
+    return best
 
 
 # --------------------------------------------------------------------------- parsing

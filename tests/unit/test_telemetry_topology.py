@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from datetime import UTC
 from pathlib import Path
 from typing import Any
@@ -16,8 +17,8 @@ from slurm_aigc.telemetry.simgpu import sim_topology_text
 from slurm_aigc.telemetry.topology import (
     Link,
     LinkLevel,
-    connected_components,
     cross_check_nvlink,
+    nvlink_cliques,
     parse_link,
     parse_topo_matrix,
 )
@@ -25,6 +26,7 @@ from slurm_aigc.telemetry.topology import (
 SHARED_TOPO = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "topo"
 OWN_TOPO = Path(__file__).resolve().parents[1] / "fixtures" / "topo"
 ALL8 = [[0, 1, 2, 3, 4, 5, 6, 7]]
+QUADS = [[0, 1, 2, 3], [4, 5, 6, 7]]  # a DGX-1 cube-mesh: GPU0-GPU5 and the like have no link
 
 
 def singletons(n: int) -> list[list[int]]:
@@ -55,11 +57,11 @@ SHARED_EXPECTED: dict[str, dict[str, Any]] = {
     "azure-nv12-2xM60-soc-nolegend-misaligned.txt": {
         "nics": [], "islands": singletons(2), "links": [("GPU0", "GPU1", "SYS")], "gpu": (1, "0-11", None)},
     "dgx1-p100-nv1-4nic-soc-tabs-mangled-header-sharc.txt": {
-        "nics": ["mlx5_0", "mlx5_2", "mlx5_1", "mlx5_3"], "islands": ALL8,
+        "nics": ["mlx5_0", "mlx5_2", "mlx5_1", "mlx5_3"], "islands": QUADS,
         "links": [("GPU0", "GPU4", "NV1"), ("GPU0", "GPU5", "SYS"), ("GPU0", "mlx5_0", "PIX"), ("GPU0", "mlx5_1", "PHB"), ("mlx5_2", "mlx5_3", "PHB")],
         "gpu": (7, "1-1", None)},
     "dgx1-v100-mlx5_0-drv440-oneflow.txt": {
-        "nics": ["mlx5_0"], "islands": ALL8, "links": [("GPU0", "GPU3", "NV2"), ("GPU0", "GPU5", "SYS"), ("GPU2", "mlx5_0", "PIX")],
+        "nics": ["mlx5_0"], "islands": QUADS, "links": [("GPU0", "GPU3", "NV2"), ("GPU0", "GPU5", "SYS"), ("GPU2", "mlx5_0", "PIX")],
         "gpu": (5, "12-23,36-47", None)},
     "h100-6gpu-2nic-nv18-go-comment.txt": {
         "nics": ["mlx5_0", "mlx5_1"], "islands": [[0, 1, 2, 3, 4, 5]], "links": [("GPU5", "mlx5_1", "SYS"), ("mlx5_0", "mlx5_1", "PIX")],
@@ -87,7 +89,7 @@ SHARED_EXPECTED: dict[str, dict[str, Any]] = {
         "gpu": (0, "0-3", "0,8,252-255")},
     "tesla-p4-1gpu-numa-affinity-na-tabs-hami.txt": {"nics": [], "islands": [[0]], "links": [], "gpu": (0, "0-7", None)},
     "v100-sxm2-8gpu-numa-gpunumaid-lmdeploy.txt": {
-        "nics": [], "islands": ALL8, "links": [("GPU0", "GPU1", "NV1"), ("GPU3", "GPU7", "NV1"), ("GPU3", "GPU4", "SYS")],
+        "nics": [], "islands": QUADS, "links": [("GPU0", "GPU1", "NV1"), ("GPU3", "GPU7", "NV1"), ("GPU3", "GPU4", "SYS")],
         "gpu": (6, "20-39,60-79", "1")},
     "workstation-2x-rtx3090-nvlink-bridge-nv4-tabs.txt": {
         "nics": [], "islands": [[0, 1]], "links": [("GPU0", "GPU1", "NV4")], "gpu": (1, "0-23", "0")},
@@ -275,8 +277,24 @@ def test_bad_link_codes_are_refused(code: str) -> None:
         parse_link(code)
 
 
-def test_connected_components_sorted_with_singletons() -> None:
-    assert connected_components([5, 3, 1, 0, 2], [(5, 3), (2, 0)]) == [[0, 2], [1], [3, 5]]
+def test_nvlink_cliques_sorted_with_singletons() -> None:
+    assert nvlink_cliques([5, 3, 1, 0, 2], [(5, 3), (2, 0)]) == [[0, 2], [1], [3, 5]]
+
+
+def test_a_chain_of_links_is_not_one_island() -> None:
+    # 0-1-2 linked in a line: 0 and 2 share no link, so a 2-GPU job on them would cross PCIe.
+    assert nvlink_cliques(range(3), [(0, 1), (1, 2)]) == [[0, 1], [2]]
+
+
+def test_cube_mesh_splits_into_its_fully_linked_quads() -> None:
+    quads = [(a, b) for q in (range(4), range(4, 8)) for a in q for b in q if a < b]
+    cross = [(0, 4), (1, 5), (2, 6), (3, 7)]
+    assert nvlink_cliques(range(8), quads + cross) == QUADS
+
+
+def test_largest_clique_is_taken_first_wherever_it_is() -> None:
+    # 0-1 linked, and 2-3-4 all linked: the triangle is an island although 0 comes first.
+    assert nvlink_cliques(range(5), [(0, 1), (2, 3), (3, 4), (2, 4), (1, 2)]) == [[0, 1], [2, 3, 4]]
 
 
 # --------------------------------------------------------------------------- round trips
@@ -318,8 +336,15 @@ def test_rendered_matrix_parses_back(case: tuple[int, dict[tuple[int, int], str]
         assert matrix.gpu_link(a, b) == parse_link(code)
     assert [g.numa_affinity for g in matrix.gpus] == [None if v == "N/A" else v for _, v in affinity]
     assert [g.cpu_affinity for g in matrix.gpus] == [v or None for v, _ in affinity]
-    nv_edges = [(a, b) for (a, b), code in links.items() if code.startswith("NV")]
-    assert matrix.nvlink_islands() == connected_components(range(n), nv_edges)
+    nv_pairs = {(a, b) for (a, b), code in links.items() if code.startswith("NV")}
+    islands = matrix.nvlink_islands()
+    assert sorted(i for island in islands for i in island) == list(range(n))
+    for island in islands:  # every two GPUs of an island have their own NVLink
+        assert all((a, b) in nv_pairs for a in island for b in island if a < b)
+    largest = max(len(island) for island in islands)
+    cliques = [c for size in range(1, n + 1) for c in itertools.combinations(range(n), size)
+               if all((a, b) in nv_pairs for a, b in itertools.combinations(c, 2))]
+    assert largest == max(len(c) for c in cliques)  # no bigger fully linked group was missed
 
 
 @pytest.mark.parametrize(("n", "nvlink"), [(1, False), (2, True), (4, False), (8, True), (8, False)])
