@@ -121,9 +121,12 @@ class ProcessTable:
             return None
 
     def start(self, name: str, argv: Sequence[str], log: Path, env: dict[str, str] | None = None) -> int:
+        # The daemons outlive the command that started them: run them in the run directory, not
+        # in the caller's. A slurmd left in a deleted checkout made every job step fail
+        # `getcwd` (slurmstepd inherits the directory) until the cluster was restarted.
         with open(log, "ab") as out:
             process = subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       start_new_session=True, env=env)
+                                       start_new_session=True, env=env, cwd=self.run_dir)
         self._file(name).write_text(json.dumps({"pid": process.pid, "argv": list(argv)}))
         return process.pid
 
