@@ -27,7 +27,6 @@ import re
 UNKNOWN_CLASS = "unknown"
 TAG_PREFIX = "aigc:"
 MAX_COMMENT_READ = 1024  # bytes the hook reads: Slurm's own comment limit (MAX_COMMENT_READ in aigc_hook.lua)
-STAMP_KEYS = ("class", "reclaim", "share", "signal", "learned")  # learned: the hook filled untagged keys from the learned table
 # Signals a job may declare it handles (`aigc:signal=USR1`, `aigc:signal=B.USR1`), which are
 # also the only ones the reclaim `signal` rung may send while cancelling is off
 # (policy/sections.py): every other signal's default action ends or stops the job.

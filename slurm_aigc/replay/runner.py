@@ -254,6 +254,14 @@ def _gpu_load(slurm_aigc_cmd: Sequence[str], job: WorkloadJob, phases: Sequence[
     return shlex.join(argv) + (' --gpus "$GPUS"' if only_used else "")
 
 
+def records_by_job(records: Iterable[JobRecord]) -> dict[str, list[JobRecord]]:
+    """sacct's records per job id, in their order (a requeued job has one per run)."""
+    by_job: dict[str, list[JobRecord]] = {}
+    for record in records:
+        by_job.setdefault(record.job_id_raw, []).append(record)
+    return by_job
+
+
 def hung_spans(records: Sequence[JobRecord], jobs: Mapping[str, WorkloadJob]) -> dict[str, list[tuple[float, float]]]:
     """Per job id, the spans its workload profile has it hung (spinning at high SM, no work).
 
@@ -262,14 +270,13 @@ def hung_spans(records: Sequence[JobRecord], jobs: Mapping[str, WorkloadJob]) ->
     (`--work-conserving`) moves the hang later, so a span may cover a little of the work before
     it, which is then not counted useful: the error goes against the sharing that stretched it.
     """
-    by_job: dict[str, list[JobRecord]] = {}
-    for record in records:
-        if record.start_ts is not None and record.job_id_raw in jobs:
-            by_job.setdefault(record.job_id_raw, []).append(record)
     spans: dict[str, list[tuple[float, float]]] = {}
-    for job_id, runs in by_job.items():
-        job = jobs[job_id]
-        for number, run in enumerate(sorted(runs, key=lambda r: r.start_ts or 0.0)):
+    for job_id, rows in records_by_job(records).items():
+        job = jobs.get(job_id)
+        if job is None:
+            continue
+        started = sorted((r for r in rows if r.start_ts is not None), key=lambda r: r.start_ts or 0.0)
+        for number, run in enumerate(started):
             assert run.start_ts is not None
             offset = run.start_ts
             for phase in job.profile if number == 0 else job.requeue_profile:
@@ -295,11 +302,8 @@ def outcomes_from_records(records: Sequence[JobRecord], classes: dict[str, str],
                           shards_per_gpu: dict[str, int], jobs: Mapping[str, WorkloadJob] | None = None) -> list[JobOutcome]:
     """One JobOutcome per job from its sacct records (a requeued job has several); `jobs` (by job id)
     adds what the workload says each job should do."""
-    by_job: dict[str, list[JobRecord]] = {}
-    for record in records:
-        by_job.setdefault(record.job_id_raw, []).append(record)
     outcomes = [_outcome(job_id, rows, classes.get(job_id, rows[-1].aigc_class), shards_per_gpu)
-                for job_id, rows in sorted(by_job.items(), key=lambda item: int(item[0]))]
+                for job_id, rows in sorted(records_by_job(records).items(), key=lambda item: int(item[0]))]
     return [with_workload(o, (jobs or {}).get(o.job_id)) for o in outcomes]
 
 
