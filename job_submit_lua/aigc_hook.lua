@@ -268,6 +268,20 @@ local function parse_gpu_entry(entry)
     return { prefix = prefix, type = gpu_type, sep = sep, count = tonumber(count) }
 end
 
+-- Does any GRES field ask for a GPU or for shards of one (whatever the syntax)?
+local function asks_gpu(view)
+    for _, field in ipairs(GRES_FIELDS) do
+        local value = get(view, field)
+        if type(value) == "string" then
+            for entry in gmatch(value, "[^,]+") do
+                local name = match(entry, "^gres[:/]([%w_]+)") or match(entry, "^([%w_]+)")
+                if name == "gpu" or name == SHARD_GRES then return true end
+            end
+        end
+    end
+    return false
+end
+
 -- Finds the one field holding a GPU request. Returns (gpu or nil, ambiguous).
 local function find_gpu(view)
     local found
@@ -977,9 +991,11 @@ end
 -- fills the keys the tag leaves out (class, vram), so the rules (shard, vram_fit, nvlink,
 -- class_defaults) apply as if the user had tagged them. `view.learned` = {class, vram, sm, key}
 -- (sm 0..1, read by rule_shard). Submit only, never root's jobs (never rewritten), never an
--- interactive job's.
+-- interactive job's, never a job without GPUs: a CPU job named like its owner's GPU jobs (the
+-- data preparation before them) would get the GPU class's qos and time limit.
 local function learned_defaults(view, tags)
     if not LEARNED or view.modify or view.uid == 0 or (tags and tags.type) then return tags end
+    if not asks_gpu(view) then return tags end
     local key = learned_key(get(view, "name"))
     if key == "" then return tags end
     local entry = learned_entries()[tostring(view.uid) .. " " .. key]

@@ -315,6 +315,19 @@ def test_learned_defaults_never_take_interactive_away(tmp_path: Path) -> None:
     assert set(session.changes) == {"admin_comment"} and session.messages == []
 
 
+def test_learned_defaults_leave_jobs_without_gpus_alone(tmp_path: Path) -> None:
+    # The owner's GPU jobs named `prep` were learned as infer; their CPU-only data preparation,
+    # named alike, must not get the infer class (its qos, its time limit) from the table.
+    table = tmp_path / "learned.txt"
+    table.write_bytes(b"# slurm-aigc learned defaults v1\n1001 prep infer 20 0.4 5 5 - aigc-alice\n")
+    hook = runtime_for(tmp_path, learned={"enabled": True, "file": str(table), "refresh_seconds": 0})
+    cpu = submit(hook, name="prep-0007")
+    assert cpu.job_class == "unknown" and set(cpu.changes) == {"admin_comment"} and cpu.messages == []
+    for gres in ("gres:gpu:1", "gres/gpu:a100:1", "gres:shard:20", "gpu:1,gres:shard:8"):
+        gpu = submit(hook, name="prep-0008", tres_per_node=gres)
+        assert gpu.job_class == "infer", gres
+
+
 def test_root_is_untouched(hook: HookRuntime) -> None:
     result = submit(hook, uid=0, comment="aigc:type=infer,vram=20G", tres_per_node="gres:gpu:1")
     assert result.rc == SUCCESS and result.changes == {"admin_comment": (None, "aigc_class=infer")}  # only stamped
