@@ -12,7 +12,13 @@ One `Agent.tick()` per interval (driven by `DaemonLoop`):
    size; names in `features.py`) at start, whenever they change, and every
    `feature_check_s` re-check that Slurm still has them (`scontrol reconfigure` and a
    slurmctld restart forget `scontrol update`; the publisher re-asserts them in bulk in
-   between), merging into the node's existing features.
+   between), merging into the node's existing features. The GPU type names it wrote are
+   recorded in its state directory (`PublishedTypes`), so it can withdraw them after a
+   restart too.
+
+On a node with GPUs in MIG mode, Slurm's GPU indices (the Prolog record, `SLURM_JOB_GPUS`,
+`gres_detail`) number MIG instances, not NVML's GPUs: allocations are not read there, and a
+job has rows only on whole GPUs where NVML lists its processes (MIG GPUs list none).
 
 A Slurm outage does not stop sampling: a failed publication is logged and retried on the
 next tick while samples keep being stored.
@@ -20,15 +26,19 @@ next tick while samples keep being stored.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import re
 import socket
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from slurm_aigc.daemonloop import DaemonLoop
 from slurm_aigc.errors import AigcError
+from slurm_aigc.fsio import atomic_write_text
 from slurm_aigc.policy.site import load_site_policy
 from slurm_aigc.slurm import SCONTROL_JSON_SINCE, SlurmCli
 from slurm_aigc.telemetry import features as feat
@@ -55,28 +65,93 @@ def short_hostname() -> str:
     return socket.gethostname().split(".", 1)[0]
 
 
+def gpu_types(reading: NodeReading) -> frozenset[str]:
+    """The GPU type features of the node's whole GPUs that were read (not those in MIG mode)."""
+    names = {feat.gpu_type_feature(gpu.name) for gpu in reading.gpus if not gpu.lost and not gpu.mig}
+    return frozenset(name for name in names if name)
+
+
 def static_features(reading: NodeReading, islands: Sequence[Sequence[int]] | None) -> tuple[str, ...]:
-    """The agent's features for a node: GPU type(s), memory class(es), NVLink island size."""
-    gpus = [gpu for gpu in reading.gpus if not gpu.lost]
-    names = {feat.gpu_type_feature(gpu.name) for gpu in gpus} | {feat.memory_class_feature(gpu.memory_total_mib) for gpu in gpus}
-    found = {name for name in names if name}
+    """The agent's features for a node: GPU type(s), memory class(es), NVLink island size, `mig`.
+
+    A GPU in MIG mode gives only `mig` (module docstring of `features.py`).
+    """
+    whole = [gpu for gpu in reading.gpus if not gpu.lost and not gpu.mig]
+    classes = {feat.memory_class_feature(gpu.memory_total_mib) for gpu in whole}
+    found = set(gpu_types(reading)) | {name for name in classes if name}
+    if any(gpu.mig and not gpu.lost for gpu in reading.gpus):
+        found.add(feat.MIG_FEATURE)
     if islands:
-        found.update(feat.nvlink_features(islands))
+        mig = {gpu.index for gpu in reading.gpus if gpu.mig}
+        found.update(feat.nvlink_features([[i for i in island if i not in mig] for island in islands]))
     return tuple(sorted(found))
 
 
-def _judged(reading: NodeReading, islands: Sequence[Sequence[int]] | None) -> Callable[[str], bool]:
+def _judged(reading: NodeReading, islands: Sequence[Sequence[int]] | None,
+            published_types: frozenset[str] = frozenset()) -> Callable[[str], bool]:
     """Which of our static features this reading can judge. Without a topology (`topo -m` failed
     at start) the nvlink features are unknown, not gone; with a GPU lost, so are the type and
     memory classes (the lost GPU's may be the only one of its kind). Unknown ones are kept."""
     lost = any(gpu.lost for gpu in reading.gpus)
 
     def judged(feature: str) -> bool:
-        if not feat.is_static_feature(feature):
+        if not feat.is_static_feature(feature, published_types):
             return False
         nvlink = feat.is_nvlink_feature(feature)
         return (islands is not None) if nvlink else not lost
     return judged
+
+
+_SAFE_NAME_RE = re.compile(r"[^A-Za-z0-9_.-]")
+_TYPE_NAME_RE = re.compile(r"^[a-z0-9]+$")  # what `features.gpu_type_feature` makes
+
+
+class PublishedTypes:
+    """The GPU type features this node's agent has written to Slurm, kept across restarts.
+
+    `<state_dir>/published-types.<node>.json` (`{"type_features": [...]}`) in the agent's own
+    state directory; `state_dir` None keeps them in memory only. An unreadable or malformed
+    file counts as empty (what is unknown is never withdrawn) and is logged.
+    """
+
+    def __init__(self, state_dir: Path | None, node: str) -> None:
+        self._path = None if state_dir is None else state_dir / f"published-types.{_SAFE_NAME_RE.sub('_', node)}.json"
+        self.names = self._load()
+
+    def keep(self, names: Iterable[str]) -> None:
+        """Record exactly `names` (written only when they change)."""
+        wanted = frozenset(names)
+        if wanted == self.names:
+            return
+        self.names = wanted
+        if self._path is None:
+            return
+        try:
+            atomic_write_text(self._path, json.dumps({"type_features": sorted(wanted)}) + "\n", mode=0o600, durable=True)
+        except OSError as error:
+            LOG.warning("agent: cannot record published GPU types in %s (%s); a restarted agent will not "
+                        "withdraw those outside the known list", self._path, error)
+
+    def _load(self) -> frozenset[str]:
+        if self._path is None:
+            return frozenset()
+        try:
+            data = json.loads(self._path.read_text(encoding="utf-8"))
+            names = data["type_features"]
+            if not isinstance(names, list):
+                raise TypeError("type_features is not a list")
+        except FileNotFoundError:
+            return frozenset()
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            LOG.warning("agent: ignoring %s (%s): GPU types it recorded are not withdrawn", self._path, error)
+            return frozenset()
+        return frozenset(n for n in names if isinstance(n, str) and _TYPE_NAME_RE.match(n))
+
+
+def state_dir_from_env() -> Path | None:
+    """systemd's `$STATE_DIRECTORY` (the unit's `StateDirectory=`; the first of a `:` list), or None."""
+    value = os.environ.get("STATE_DIRECTORY", "").split(":", 1)[0]
+    return Path(value) if value else None
 
 
 @dataclass(frozen=True)
@@ -110,6 +185,7 @@ class Agent:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         metrics: DaemonMetrics | None = None,
+        published_types: PublishedTypes | None = None,
     ) -> None:
         self.node = node
         self._backend = backend
@@ -126,6 +202,8 @@ class Agent:
         self._islands = self._read_islands(parse_islands)
         self._published: tuple[str, ...] | None = None
         self._last_check: float | None = None
+        self._types = published_types or PublishedTypes(None, node)
+        self._mig_noted = False
 
     def set_config(self, config: AgentConfig) -> None:
         """Take a reloaded config (SIGHUP); the backend stays what the agent started with."""
@@ -139,7 +217,7 @@ class Agent:
         reading = self._backend.read()
         pids = sorted({proc.pid for gpu in reading.gpus for proc in gpu.processes})
         pid_jobs = self._attribute(pids) if pids else {}
-        uses = self._split_uses(reading, pid_jobs, self._read_allocations(pid_jobs))
+        uses = self._split_uses(reading, pid_jobs, self._allocations_for(reading, pid_jobs))
         written = self._store.write_poll(reading, pid_jobs, uses) if self._store is not None else 0
         self._metrics.observe_reading(reading)
         published = self._publish(reading) if self.config.publish_features else None
@@ -152,6 +230,18 @@ class Agent:
 
     def close(self) -> None:
         self._backend.close()
+
+    def _allocations_for(self, reading: NodeReading, pid_jobs: Mapping[int, str | None]
+                         ) -> Mapping[str, Sequence[int]] | None:
+        """Allocations, except on a node with MIG GPUs, where Slurm's indices are not NVML's."""
+        if not any(gpu.mig for gpu in reading.gpus):
+            return self._read_allocations(pid_jobs)
+        if not self._mig_noted:
+            self._mig_noted = True
+            LOG.warning("agent: %s has GPUs in MIG mode: Slurm's GPU indices there number MIG instances, not "
+                        "NVML's GPUs, so allocations are not read; jobs show only where NVML lists their "
+                        "processes on whole GPUs", self.node)
+        return None
 
     def _read_allocations(self, pid_jobs: Mapping[int, str | None]) -> Mapping[str, Sequence[int]] | None:
         """Which GPUs each job holds, so a job idling on an allocated GPU shows as a zero row."""
@@ -180,7 +270,7 @@ class Agent:
         if not wanted or not self._due(wanted):
             return None
         try:
-            return self._publish_now(wanted, _judged(reading, self._islands))
+            return self._publish_now(wanted, _judged(reading, self._islands, self._types.names), gpu_types(reading))
         except AigcError as error:
             LOG.warning("agent: cannot publish features of %s (retrying next tick): %s", self.node, error)
             return None
@@ -192,17 +282,20 @@ class Agent:
             return False  # a dry run logs each would-be change once
         return self._last_check is None or self._clock() - self._last_check >= self.config.feature_check_s
 
-    def _publish_now(self, wanted: tuple[str, ...], judged: Callable[[str], bool] = feat.is_static_feature
-                     ) -> tuple[str, ...] | None:
+    def _publish_now(self, wanted: tuple[str, ...], judged: Callable[[str], bool] = feat.is_static_feature,
+                     types: frozenset[str] = frozenset()) -> tuple[str, ...] | None:
         """`scontrol show node` then, when ours are missing or stale, `scontrol update NodeName=.. Features=..`.
 
         Only features this reading can judge (`judged`) are replaced; the others stay as Slurm has them.
+        `types` (the GPU types among `wanted`) are recorded before the update and kept after it as
+        long as Slurm has them.
         """
         current = self._slurm.node(self.node).available_features
         self._last_check = self._clock()
         merged = feat.merge_features(current, wanted, judged)
         if feat.same_features(merged, current):
             self._published = wanted
+            self._record_types(merged, types)
             return None
         reason = "static features " + " ".join(f"+{f}" for f in sorted(set(merged) - set(current)))
         removed = sorted(set(current) - set(merged))
@@ -210,13 +303,20 @@ class Agent:
         if self._dry_run:
             LOG.info("dry-run: would update %s: %s", self.node, reason)
         else:
+            self._types.keep(self._types.names | types)  # first: a crash after the update must not orphan a name
             self._slurm.update_node(self.node, features=merged)
             LOG.info("agent: updated %s: %s", self.node, reason)
             self._metrics.count_publication(self.node)
+            self._record_types(merged, types)
         # Not recorded in node_publications: the agent's database role (its credentials sit on every
         # compute node) may only add samples, so the log line and the metric are this change's record.
         self._published = wanted
         return merged
+
+    def _record_types(self, merged: Sequence[str], types: frozenset[str]) -> None:
+        """Keep recorded the type names Slurm now has by our hand; a dry run records nothing."""
+        if not self._dry_run:
+            self._types.keep(f for f in merged if f in types or f in self._types.names)
 
 
 def looks_up_unlisted(slurm: SlurmCli) -> bool:
@@ -295,6 +395,7 @@ def build_agent(options: AgentOptions, config: AgentConfig, metrics: DaemonMetri
         attribute=attributor.jobs_of, split_uses=job_gpu_usage,
         parse_islands=lambda text: parse_topo_matrix(text).nvlink_islands(),
         allocations=allocations, dry_run=options.dry_run, metrics=metrics,
+        published_types=PublishedTypes(state_dir_from_env(), node),
     )
 
 

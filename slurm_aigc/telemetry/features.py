@@ -14,16 +14,38 @@ Dynamic features (the publisher, from allocations and jobs):
   so `--constraint=nvfree4` finds any node with at least 4 connected free GPUs;
 * `model_<id>` for each model served on the node (id from the job comment tag `model=`).
 
-Ownership rule: a feature is the agent's when it matches `nvlink\\d*` or `vram\\d+g` or is a
-GPU type in `GPU_TYPE_FEATURES`; it is the publisher's when it matches `nvfree\\d+` or
-`model_...`. Every other feature is an admin's and is never removed. Each writer replaces
-only its own kind, merging into what Slurm reports just before the write.
+Ownership rule: a feature is the agent's when it matches `nvlink\\d*` or `vram\\d+g` or is `mig`, is a
+GPU type in `GPU_TYPE_FEATURES`, or is a GPU type this node's agent published itself (its
+record, below); it is the publisher's when it matches `nvfree\\d+` or `model_...`. Every
+other feature is an admin's and is never removed. Each writer replaces only its own kind,
+merging into what Slurm reports just before the write.
+
+The record: `gpu_type_feature` names any GPU (`NVIDIA RTX PRO 6000 Blackwell` -> `rtxpro`,
+`NVIDIA B300` -> `b300`, neither in `GPU_TYPE_FEATURES`); were only the list recognised as
+ours, such a name would stay on the node forever once its GPUs were swapped out. So the agent keeps the type names it has written in
+its own state directory (`$STATE_DIRECTORY`, the unit's `StateDirectory=`, mode 0700), one
+file per node: `published-types.<node>.json`. A name is recorded before the `scontrol update`
+that adds it and dropped after the update that withdraws it (or once Slurm no longer shows
+it), so a crash in between leaves a recorded name that Slurm lacks, which costs nothing, and
+never a published name that is not recorded. The state survives restarts; the file is the
+agent's alone, so no slurmctld RPC is added and no other writer's feature can be claimed by
+it. A name the agent has published is the agent's from then on, also where an admin set the
+same name. Without a state directory (`$STATE_DIRECTORY` unset) the record lives only in
+memory: what an earlier run published outside the list is not withdrawn.
+
+GPUs in MIG mode (`GpuReading.mig`) give the feature `mig` and neither their type, nor a memory
+class, nor NVLink: a MIG GPU's memory and compute are split into instances that Slurm hands to
+different jobs, and instances talk to no other GPU over NVLink, so `a100` (which the hook's
+`vram_fit` reads as 80 GB of one GPU), `vram80g` or `nvlink8` would promise what no job on that
+GPU gets. A node with whole GPUs beside MIG ones keeps their type and memory class, and shows
+`mig` so that users and admins can see it (a partition without such nodes keeps the jobs the
+hook fits by VRAM off them).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 
 from slurm_aigc.units import MIB_PER_GIB
 
@@ -38,7 +60,8 @@ GPU_TYPE_FEATURES = frozenset({
 # Marketed memory sizes in GB; a GPU reports a little less (a T4 has 15360 MiB).
 _MEMORY_CLASSES_GB = (4, 6, 8, 10, 11, 12, 16, 20, 24, 32, 40, 48, 64, 80, 94, 96, 120, 141, 144, 180, 192, 288)
 
-_STATIC_RE = re.compile(r"^(nvlink\d*|vram\d+g)$")
+MIG_FEATURE = "mig"
+_STATIC_RE = re.compile(r"^(nvlink\d*|vram\d+g|mig)$")
 _DYNAMIC_RE = re.compile(r"^(nvfree\d+|model_[A-Za-z0-9_.\-]+)$")
 _VENDOR_WORDS = {"nvidia", "tesla", "geforce", "quadro"}
 _UNSAFE_RE = re.compile(r"[^A-Za-z0-9_.\-]+")
@@ -94,9 +117,9 @@ def model_feature(model_id: str) -> str | None:
     return ("model_" + cleaned)[:MAX_FEATURE_LEN]
 
 
-def is_static_feature(feature: str) -> bool:
-    """Owned by the agent (see the module docstring)."""
-    return bool(_STATIC_RE.match(feature)) or feature in GPU_TYPE_FEATURES
+def is_static_feature(feature: str, published_types: Collection[str] = frozenset()) -> bool:
+    """Owned by the agent (see the module docstring); `published_types` is the node agent's record."""
+    return bool(_STATIC_RE.match(feature)) or feature in GPU_TYPE_FEATURES or feature in published_types
 
 
 def is_nvlink_feature(feature: str) -> bool:

@@ -7,6 +7,15 @@ once); any other NVML error while reading a GPU turns that GPU's record into
 `lost=True` with the error, and the poll goes on with the next GPU. A missing library or
 driver is `NvmlUnavailableError` at start-up, never a per-poll error.
 
+A GPU in MIG mode (`nvmlDeviceGetMigMode`, current mode enabled; A100/H100/H200) is read
+as a device only: name, UUID, memory total, power, temperature and NVLinks. Its instances
+are handed to different jobs (gres.conf `AutoDetect=nvml` makes each one a Slurm GPU),
+while NVML on the parent handle says nothing per instance: utilization is NOT_SUPPORTED,
+memory used sums every instance, and processes are listed for all instances or for none,
+depending on the caller's privileges. None of it is one job's use, so the record says
+`mig=True` and leaves utilization, memory used and processes unread (None, ()): reclaim and
+the memory guard then have nothing to judge on that GPU. Logged once per GPU.
+
 The `pynvml` module is a constructor argument so tests drive this code with
 `FakeNvml` of tests/fakes/nvml.py, which raises the real `pynvml.NVMLError` classes.
 """
@@ -75,6 +84,7 @@ class NvmlBackend:
         self._smi = smi
         self._started = False
         self._missing_logged: set[str] = set()
+        self._mig_logged: set[str] = set()
         self._last_sample_us: dict[int, int] = {}
 
     # -- life cycle
@@ -142,16 +152,40 @@ class NvmlBackend:
         fields["name"] = _text(self._query("nvmlDeviceGetName", handle))
         memory = self._query("nvmlDeviceGetMemoryInfo", handle)
         fields["memory_total_mib"] = None if memory is None else memory.total / MIB
-        fields["memory_used_mib"] = None if memory is None else memory.used / MIB
-        rates = self._query("nvmlDeviceGetUtilizationRates", handle)
-        fields["sm_util_pct"] = None if rates is None else float(rates.gpu)
-        fields["mem_bw_util_pct"] = None if rates is None else float(rates.memory)
+        fields["mig"] = self._mig_enabled(handle)
+        if fields["mig"]:
+            self._log_mig(index, fields["uuid"])
+        else:
+            self._read_use(handle, index, memory, fields)
         fields["power_draw_w"] = _milli(self._query("nvmlDeviceGetPowerUsage", handle))
         fields["power_limit_w"] = _milli(self._query("nvmlDeviceGetEnforcedPowerLimit", handle))
         temperature = self._query("nvmlDeviceGetTemperature", handle, nvml.NVML_TEMPERATURE_GPU)
         fields["temperature_c"] = None if temperature is None else float(temperature)
-        fields["processes"] = self._processes(handle, index)
         fields["nvlink"] = self._nvlinks(handle)
+
+    def _read_use(self, handle: Any, index: int, memory: Any, fields: dict[str, Any]) -> None:
+        """Memory used, utilization and processes: the fields a job's use is read from."""
+        fields["memory_used_mib"] = None if memory is None else memory.used / MIB
+        rates = self._query("nvmlDeviceGetUtilizationRates", handle)
+        fields["sm_util_pct"] = None if rates is None else float(rates.gpu)
+        fields["mem_bw_util_pct"] = None if rates is None else float(rates.memory)
+        fields["processes"] = self._processes(handle, index)
+
+    def _mig_enabled(self, handle: Any) -> bool:
+        """`nvidia-smi --query-gpu=mig.mode.current`: True when MIG mode is on now (a pending change
+        takes a GPU reset). NOT_SUPPORTED (a GPU without MIG) and a function missing from the
+        driver or the bindings (both older than MIG) read as not MIG."""
+        mode = self._query("nvmlDeviceGetMigMode", handle)  # [current, pending]
+        return mode is not None and int(mode[0]) == self._nvml.NVML_DEVICE_MIG_ENABLE
+
+    def _log_mig(self, index: int, uuid: str | None) -> None:
+        key = uuid or f"#{index}"
+        if key not in self._mig_logged:
+            self._mig_logged.add(key)
+            LOG.warning(
+                "GPU %d (%s) is in MIG mode: its instances are not measured one by one; its utilization, "
+                "memory used and processes read as not available, so no job on it is judged idle or over "
+                "its memory", index, key)
 
     def _processes(self, handle: Any, index: int) -> tuple[GpuProcess, ...]:
         """`nvidia-smi --query-compute-apps=pid,used_memory`, plus per-process SM util (`pmon`) where

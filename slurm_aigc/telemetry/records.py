@@ -39,6 +39,10 @@ class GpuReading:
 
     A GPU that failed mid-poll has `lost=True`, `error` set, and whatever fields were
     read before the failure (usually only `index`).
+
+    `mig` is True for a GPU in MIG mode (`nvidia-smi --query-gpu=mig.mode.current`). Its
+    instances go to different jobs and are not measured one by one, so its utilization,
+    memory used and processes are not available (None, ()): no job's use can be read from it.
     """
 
     index: int
@@ -55,6 +59,7 @@ class GpuReading:
     nvlink: tuple[NvLinkState, ...] = ()
     lost: bool = False
     error: str | None = None
+    mig: bool = False
 
     @property
     def active_nvlinks(self) -> int:

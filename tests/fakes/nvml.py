@@ -1,8 +1,8 @@
 """Named fake machines for tests and benchmarks: a `pynvml` look-alike driven by plain data.
 
 After go-nvml's `mock/dgxa100` and gpustat's tests: a machine is built by name
-(`dgx_a100()`, `pcie_l40s_x4()`), and driver quirks are named too (`gpu_lost_mid_poll()`,
-`field_unsupported()`, `no_driver()`, `old_bindings()`). `FakeNvml` exposes the
+(`dgx_a100()`, `pcie_l40s_x4()`, `dgx_a100_mig()`), and driver quirks are named too
+(`gpu_lost_mid_poll()`, `field_unsupported()`, `no_driver()`, `old_bindings()`). `FakeNvml` exposes the
 functions and constants `NvmlBackend` uses, and raises the real `pynvml.NVMLError`
 subclasses, so the backend's error handling is exercised exactly as on hardware.
 """
@@ -45,10 +45,16 @@ class FakeGpu:
     processes: tuple[FakeProcess, ...] = ()
     nvlinks_active: tuple[bool, ...] = ()  # one per supported link; past them NOT_SUPPORTED
     errors: dict[str, int] = field(default_factory=dict, hash=False)
+    # `nvmlDeviceGetMigMode` -> [current, pending]; None: a GPU without MIG (NOT_SUPPORTED).
+    mig_mode: tuple[int, int] | None = None
 
     @property
     def uuid(self) -> str:
         return f"GPU-fake0000-0000-0000-0000-{self.index:012d}"
+
+    @property
+    def mig(self) -> bool:
+        return self.mig_mode is not None and self.mig_mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,8 @@ class FakeNvml:
     NVML_FEATURE_ENABLED = pynvml.NVML_FEATURE_ENABLED
     NVML_FEATURE_DISABLED = pynvml.NVML_FEATURE_DISABLED
     NVML_NVLINK_MAX_LINKS = pynvml.NVML_NVLINK_MAX_LINKS
+    NVML_DEVICE_MIG_ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
+    NVML_DEVICE_MIG_DISABLE = pynvml.NVML_DEVICE_MIG_DISABLE
 
     def __init__(self, machine: FakeMachine) -> None:
         self.machine = machine
@@ -138,8 +146,16 @@ class FakeNvml:
         total, used = int(gpu.memory_total_mib * MIB), int(gpu.memory_used_mib * MIB)
         return SimpleNamespace(total=total, used=used, free=total - used)
 
+    def nvmlDeviceGetMigMode(self, gpu: FakeGpu) -> list[int]:
+        self._maybe_fail(gpu, "nvmlDeviceGetMigMode")
+        if gpu.mig_mode is None:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return list(gpu.mig_mode)
+
     def nvmlDeviceGetUtilizationRates(self, gpu: FakeGpu) -> SimpleNamespace:
         self._maybe_fail(gpu, "nvmlDeviceGetUtilizationRates")
+        if gpu.mig:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)  # the parent of MIG instances has no utilization
         return SimpleNamespace(gpu=int(gpu.sm_util_pct), memory=int(gpu.mem_bw_util_pct))
 
     def nvmlDeviceGetPowerUsage(self, gpu: FakeGpu) -> int:
@@ -165,6 +181,8 @@ class FakeNvml:
 
     def nvmlDeviceGetProcessUtilization(self, gpu: FakeGpu, since_us: int) -> list[SimpleNamespace]:
         self._maybe_fail(gpu, "nvmlDeviceGetProcessUtilization")
+        if gpu.mig:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         samples = [
             SimpleNamespace(pid=p.pid, timeStamp=1_000_000 + i, smUtil=int(p.sm_util_pct), memUtil=0, encUtil=0, decUtil=0)
             for i, p in enumerate(gpu.processes)
@@ -195,10 +213,15 @@ class FakeNvml:
 # --------------------------------------------------------------------------- named machines
 
 
+_MIG_OFF = (pynvml.NVML_DEVICE_MIG_DISABLE, pynvml.NVML_DEVICE_MIG_DISABLE)
+_MIG_ON = (pynvml.NVML_DEVICE_MIG_ENABLE, pynvml.NVML_DEVICE_MIG_ENABLE)
+
+
 def dgx_a100() -> FakeMachine:
-    """A DGX A100: 8x A100-SXM4-80GB on NVSwitch (12 NVLinks each), two jobs running."""
+    """A DGX A100: 8x A100-SXM4-80GB on NVSwitch (12 NVLinks each, MIG mode off), two jobs running."""
     gpus = [
-        FakeGpu(i, "NVIDIA A100-SXM4-80GB", 81920, power_draw_w=60.0, power_limit_w=400.0, nvlinks_active=(True,) * 12)
+        FakeGpu(i, "NVIDIA A100-SXM4-80GB", 81920, power_draw_w=60.0, power_limit_w=400.0, nvlinks_active=(True,) * 12,
+                mig_mode=_MIG_OFF)
         for i in range(8)
     ]
     gpus[0] = replace(
@@ -217,6 +240,24 @@ def pcie_l40s_x4() -> FakeMachine:
     gpus = [FakeGpu(i, "NVIDIA L40S", 46068, power_draw_w=35.0, power_limit_w=350.0) for i in range(4)]
     gpus[2] = replace(gpus[2], memory_used_mib=9000, processes=(FakeProcess(777, 9000, None),))
     return FakeMachine("pcie_l40s_x4", tuple(gpus), driver_version="535.183.01", topology=sim_topology_text(4, nvlink=False))
+
+
+def dgx_a100_mig(mig_gpus: tuple[int, ...] = (0, 1, 2, 3)) -> FakeMachine:
+    """A DGX A100 with `mig_gpus` in MIG mode and the others whole.
+
+    NVML answers for a MIG GPU's parent handle as on hardware: utilization NOT_SUPPORTED,
+    memory used summed over its instances, the processes of every instance listed (what a
+    privileged caller sees). GPU 0 runs pids 6001 (9 GiB) and 6002 (30 GiB) on two of its
+    instances; GPU 4 (whole) runs pid 4242 busy; the other whole GPUs are idle.
+    """
+    base = dgx_a100()
+    idle, busy = base.gpus[2], base.gpus[0]
+    gpus = [replace(idle, index=i) for i in range(8)]
+    gpus[0] = replace(idle, index=0, memory_used_mib=39936, power_draw_w=180.0,
+                      processes=(FakeProcess(6001, 9216, 40), FakeProcess(6002, 30720, 0)))
+    gpus[4] = replace(busy, index=4)
+    gpus = [replace(gpu, mig_mode=_MIG_ON) if gpu.index in mig_gpus else gpu for gpu in gpus]
+    return replace(base, name="dgx_a100_mig", gpus=tuple(gpus))
 
 
 def gpu_lost_mid_poll(lost_index: int = 3) -> FakeMachine:
@@ -263,5 +304,5 @@ def smi_runner(machine: FakeMachine) -> Any:
 
 
 # Every named machine, for a caller that picks one by name (tests/fakes/pynvml_stub/pynvml.py).
-MACHINES = {fake.__name__: fake for fake in (dgx_a100, pcie_l40s_x4, gpu_lost_mid_poll, field_unsupported,
-                                             old_bindings, no_driver)}
+MACHINES = {fake.__name__: fake for fake in (dgx_a100, pcie_l40s_x4, dgx_a100_mig, gpu_lost_mid_poll,
+                                             field_unsupported, old_bindings, no_driver)}

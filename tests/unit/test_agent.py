@@ -5,6 +5,7 @@ kept, Slurm outages survived; plus the `agent:` config section and the CLI in dr
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -26,7 +27,7 @@ from slurm_aigc.db import (
 from slurm_aigc.errors import ConfigError
 from slurm_aigc.policy.paths import shipped_policy
 from slurm_aigc.slurm import SlurmCli
-from slurm_aigc.telemetry.agent import Agent, static_features
+from slurm_aigc.telemetry.agent import Agent, PublishedTypes, state_dir_from_env, static_features
 from slurm_aigc.telemetry.attribution import job_gpu_usage
 from slurm_aigc.telemetry.config import (
     AgentConfig,
@@ -194,6 +195,123 @@ def test_what_a_reading_cannot_judge_is_kept_not_withdrawn() -> None:
                  attribute=lambda pids: {}, split_uses=job_gpu_usage, parse_islands=islands)
     lost.tick()
     assert set(slurm.nodes["dgx-01"].features) == {"a100", "nvlink", "nvlink8", "vram80g", "ib"}
+
+
+# --------------------------------------------------------------------------- MIG
+
+
+def test_mig_gpus_publish_mig_but_no_type_memory_class_or_nvlink() -> None:
+    # A MIG GPU's memory goes to instances of 10-40 GB, and instances have no NVLink peers; the
+    # type alone would let the hook's vram_fit send a vram=60G job to a 10 GB instance.
+    all_mig = fakes.dgx_a100_mig(mig_gpus=tuple(range(8)))
+    assert static_features(backend(all_mig).read(), islands(all_mig.topology or "")) == ("mig",)
+    half = fakes.dgx_a100_mig()  # GPUs 0-3 in MIG mode, 4-7 whole
+    assert static_features(backend(half).read(), islands(half.topology or "")) == (
+        "a100", "mig", "nvlink", "nvlink4", "vram80g")
+
+
+def test_enabling_mig_withdraws_type_memory_class_and_nvlink_and_disabling_withdraws_mig() -> None:
+    node = FakeNode("dgx-01", features=["ib", "a100", "nvlink", "nvlink8", "vram80g"])
+    make_agent(fakes.dgx_a100_mig(mig_gpus=tuple(range(8))), FakeSlurm([node]), None, Clock()).tick()
+    assert node.features == ["ib", "mig"]
+    make_agent(fakes.dgx_a100_mig(mig_gpus=()), FakeSlurm([node]), None, Clock()).tick()
+    assert sorted(node.features) == ["a100", "ib", "nvlink", "nvlink8", "vram80g"]
+
+
+def test_a_node_with_mig_gpus_reads_no_allocations(store: TelemetryStore, caplog: pytest.LogCaptureFixture) -> None:
+    # Slurm's index 5 names a MIG instance there, not NVML's GPU 5 (whole and idle): read as NVML's,
+    # it would give job 301 an idle row on a GPU it does not have.
+    asked: list[Mapping[int, str | None]] = []
+
+    def allocations(pid_jobs: Mapping[int, str | None]) -> Mapping[str, Sequence[int]]:
+        asked.append(pid_jobs)
+        return {"301": [5]}
+
+    slurm = FakeSlurm([FakeNode("dgx-01")])
+    agent = make_agent(fakes.dgx_a100_mig(), slurm, store, Clock(), allocations=allocations)
+    with caplog.at_level(logging.WARNING):
+        agent.tick()
+        agent.tick()
+    assert asked == []
+    assert len([r for r in caplog.records if "allocations are not read" in r.getMessage()]) == 1
+    with transaction(store._factory) as session:
+        rows = {(r.job_id, r.gpu_index) for r in session.scalars(select(JobGpuSample))}
+    assert rows == {("101", 4)}  # pid 4242 on whole GPU 4; nothing from the MIG GPUs
+    make_agent(fakes.dgx_a100(), slurm, None, Clock(), allocations=allocations).tick()
+    assert len(asked) == 1  # without MIG the allocations are read as before
+
+
+# --------------------------------------------------------------------------- GPU types the agent published
+
+
+def rtx_pro_box() -> fakes.FakeMachine:
+    """4x a GPU whose type name is in no list (`rtxpro`), 97,887 MiB each (`vram96g`)."""
+    gpus = tuple(fakes.FakeGpu(i, "NVIDIA RTX PRO 6000 Blackwell Server Edition", 97887) for i in range(4))
+    return fakes.FakeMachine("rtx_pro_box", gpus, topology=sim_topology_text(4, nvlink=False))
+
+
+def recorded(state_dir: Path) -> object:
+    return json.loads((state_dir / "published-types.dgx-01.json").read_text(encoding="utf-8"))
+
+
+def test_an_unknown_gpu_type_is_withdrawn_after_a_restart(tmp_path: Path) -> None:
+    node = FakeNode("dgx-01", features=["ib"])
+    slurm = FakeSlurm([node])
+    first = make_agent(rtx_pro_box(), slurm, None, Clock(), published_types=PublishedTypes(tmp_path, "dgx-01"))
+    assert first.tick().published == ("ib", "rtxpro", "vram96g")
+    assert recorded(tmp_path) == {"type_features": ["rtxpro"]}
+    assert (tmp_path / "published-types.dgx-01.json").stat().st_mode & 0o777 == 0o600
+    # The node is re-fitted with L40S GPUs and the agent starts again: only its record knows rtxpro.
+    second = make_agent(fakes.pcie_l40s_x4(), slurm, None, Clock(), published_types=PublishedTypes(tmp_path, "dgx-01"))
+    second.tick()
+    assert node.features == ["ib", "l40s", "vram48g"]
+    assert recorded(tmp_path) == {"type_features": ["l40s"]}
+
+
+def test_the_type_is_recorded_before_the_update_that_adds_it(tmp_path: Path) -> None:
+    # Whatever reaches Slurm is recorded first, so a crash right after the update leaves nothing
+    # the next run cannot withdraw; an update that failed leaves a recorded name Slurm lacks.
+    node = FakeNode("dgx-01", features=["ib"])
+    slurm = FakeSlurm([node], fail={"scontrol update": "slurm_update error: Socket timed out on send/recv"})
+    agent = make_agent(rtx_pro_box(), slurm, None, Clock(), published_types=PublishedTypes(tmp_path, "dgx-01"))
+    assert agent.tick().published is None and node.features == ["ib"]
+    assert recorded(tmp_path) == {"type_features": ["rtxpro"]}
+    slurm.fail.clear()
+    assert agent.tick().published == ("ib", "rtxpro", "vram96g")
+    assert recorded(tmp_path) == {"type_features": ["rtxpro"]}
+
+
+def test_features_an_admin_set_that_look_like_gpu_types_are_never_removed(tmp_path: Path,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    admin = ["rtxpro", "b300", "graphics", "ib"]
+    node = FakeNode("dgx-01", features=list(admin))
+    slurm = FakeSlurm([node])
+    make_agent(fakes.dgx_a100(), slurm, None, Clock(), published_types=PublishedTypes(tmp_path, "dgx-01")).tick()
+    assert node.features == [*admin, "a100", "nvlink", "nvlink8", "vram80g"]
+    # A record that cannot be read names nothing: what it named stays on the node.
+    (tmp_path / "published-types.dgx-01.json").write_text("{not json", encoding="utf-8")
+    with caplog.at_level(logging.WARNING):
+        make_agent(fakes.pcie_l40s_x4(), slurm, None, Clock(), published_types=PublishedTypes(tmp_path, "dgx-01")).tick()
+    assert set(admin) <= set(node.features) and "a100" not in node.features
+    assert any("ignoring" in r.getMessage() for r in caplog.records)
+
+
+def test_a_record_keeps_only_type_names_and_a_dry_run_writes_none(tmp_path: Path) -> None:
+    path = tmp_path / "published-types.dgx-01.json"
+    path.write_text(json.dumps({"type_features": ["rtxpro", "vram80g x", 3, "ib,rack7"]}), encoding="utf-8")
+    assert PublishedTypes(tmp_path, "dgx-01").names == {"rtxpro"}
+    path.unlink()
+    node = FakeNode("dgx-01", features=["ib"])
+    slurm = FakeSlurm([node])
+    make_agent(rtx_pro_box(), slurm, None, Clock(), dry_run=True, published_types=PublishedTypes(tmp_path, "dgx-01")).tick()
+    assert not path.exists() and node.features == ["ib"]
+
+
+def test_the_state_directory_is_systemds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STATE_DIRECTORY", "/var/lib/slurm-aigc-agent:/var/lib/other")
+    assert state_dir_from_env() == Path("/var/lib/slurm-aigc-agent")
+    monkeypatch.delenv("STATE_DIRECTORY")
+    assert state_dir_from_env() is None
 
 
 # --------------------------------------------------------------------------- config

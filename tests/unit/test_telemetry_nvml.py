@@ -141,3 +141,52 @@ def test_nvidia_smi_missing_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(NvmlUnavailableError, match="nvidia-smi not found"):
         nvml.run_nvidia_smi(["nvidia-smi", "topo", "-m"])
+
+
+# --------------------------------------------------------------------------- MIG
+
+
+def test_a_mig_gpu_is_read_as_a_device_without_per_job_figures() -> None:
+    # On a MIG GPU's parent handle NVML has no utilization, sums every instance's memory and lists
+    # every instance's processes: none of it is one job's use, so none of it is read.
+    source, nvml = backend(fakes.dgx_a100_mig())
+    reading = source.read()
+    assert [g.mig for g in reading.gpus] == [True] * 4 + [False] * 4
+    mig = reading.gpus[0]
+    assert (mig.sm_util_pct, mig.mem_bw_util_pct, mig.memory_used_mib, mig.processes) == (None, None, None, ())
+    assert (mig.name, mig.memory_total_mib, mig.power_draw_w, mig.temperature_c) == ("NVIDIA A100-SXM4-80GB", 81920.0,
+                                                                                       180.0, 35.0)
+    assert mig.active_nvlinks == 12 and not mig.lost and mig.uuid is not None
+    whole = reading.gpus[4]
+    assert (whole.sm_util_pct, whole.memory_used_mib, [p.pid for p in whole.processes]) == (85.0, 30720.0, [4242])
+    for function in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetUtilizationRates"):
+        assert nvml.calls.count(function) == 4  # the whole GPUs only
+
+
+def test_mig_mode_is_logged_once_per_gpu(caplog: pytest.LogCaptureFixture) -> None:
+    source, _ = backend(fakes.dgx_a100_mig(mig_gpus=(2, 5)))
+    with caplog.at_level(logging.WARNING):
+        source.read()
+        source.read()
+    logged = [r.getMessage() for r in caplog.records if "MIG mode" in r.getMessage()]
+    assert len(logged) == 2 and logged[0].startswith("GPU 2 ") and logged[1].startswith("GPU 5 ")
+
+
+def test_no_mig_support_missing_function_or_pending_mode_is_not_mig(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        l40s = backend(fakes.pcie_l40s_x4())[0].read()  # a GPU without MIG: NOT_SUPPORTED
+    assert not any(g.mig for g in l40s.gpus) and l40s.gpus[2].memory_used_mib == 9000.0
+    assert not caplog.records  # NOT_SUPPORTED is quiet
+    machine = fakes.dgx_a100_mig(mig_gpus=(0,))
+    old_bindings = replace(machine, missing_functions=frozenset({"nvmlDeviceGetMigMode"}))
+    old_driver = replace(machine, gpus=tuple(replace(g, errors={"nvmlDeviceGetMigMode": pynvml.NVML_ERROR_FUNCTION_NOT_FOUND})
+                                             for g in machine.gpus))
+    # Enabling MIG takes a GPU reset: until then the pending mode changes nothing.
+    pending = replace(machine, gpus=(replace(machine.gpus[0], mig_mode=(pynvml.NVML_DEVICE_MIG_DISABLE,
+                                                                         pynvml.NVML_DEVICE_MIG_ENABLE)),
+                                     *machine.gpus[1:]))
+    for quirk in (old_bindings, old_driver):
+        gpu = backend(quirk)[0].read().gpus[4]
+        assert not gpu.mig and gpu.sm_util_pct == 85.0
+    gpu = backend(pending)[0].read().gpus[0]
+    assert not gpu.mig and gpu.sm_util_pct == 0.0 and gpu.memory_used_mib == 39936.0
