@@ -62,6 +62,7 @@ from slurm_aigc.reclaim.store import ReclaimStore, SampleRow
 from slurm_aigc.reclaim.tracker import StretchTracker
 from slurm_aigc.slurm import JobInfo, NodeInfo, SlurmCli
 from slurm_aigc.tags import trusted_share_no
+from slurm_aigc.telemetry.gres import expand_nodes
 from slurm_aigc.units import MIB_PER_GIB
 
 LOG = logging.getLogger(__name__)
@@ -110,6 +111,29 @@ def windows_from_rows(metas: Mapping[str, JobMeta], rows: Sequence[SampleRow]) -
         samples = tuple(Sample(r.ts, r.sm_util_pct, r.memory_used_mib, r.power_draw_w, r.power_limit_w) for r in group)
         by_job.setdefault(job_id, []).append(GpuSeries(node, gpu, samples))
     return [JobWindow(metas[job_id], tuple(series)) for job_id, series in by_job.items() if job_id in metas]
+
+
+def rows_to_judge(rows: Sequence[SampleRow], nodes_of: Mapping[str, frozenset[str]], now: float,
+                  ahead_s: float) -> tuple[list[SampleRow], dict[tuple[str, str], str]]:
+    """The rows a job may be judged by: written for one of its own nodes, not dated after `now + ahead_s`.
+
+    Every agent inserts through one database role, so nothing in the database stops a node's
+    agent (or a host mislabelled as another) from writing rows for a job on another node; such
+    a row could get a job judged idle or over its memory. A row dated in the future comes from
+    a host whose clock runs ahead: it would look fresh for as long as the skew lasts, and shorten
+    the job's grace. Returns the kept rows and, per (node, reason) of rows left out, an example.
+    """
+    kept: list[SampleRow] = []
+    dropped: dict[tuple[str, str], str] = {}
+    for row in rows:
+        nodes = nodes_of.get(row.job_id)
+        if nodes is not None and row.node not in nodes:
+            dropped[(row.node, "foreign")] = f"rows for job {row.job_id}, which does not run there"
+        elif row.ts > now + ahead_s:
+            dropped[(row.node, "ahead")] = f"rows dated {row.ts - now:.0f} s ahead of this host's clock"
+        else:
+            kept.append(row)
+    return kept, dropped
 
 
 def batch_from_rows(metas: Mapping[str, JobMeta], rows: Sequence[SampleRow]) -> SampleBatch:
@@ -283,6 +307,7 @@ class Controller:
         self._nodes_seen = nodes_seen
         self._seen_used: Sequence[NodeInfo] | None = None
         self._conflicts_seen: set[Conflict] = set()
+        self._dropped_seen: set[tuple[str, str]] = set()
 
     def set_config(self, config: ReclaimConfig, dry_run: bool | None = None) -> None:
         """Use a new, already validated config from the next tick on (SIGHUP).
@@ -309,7 +334,7 @@ class Controller:
         now, jobs, newest = self._snapshot()
         shards, gib = self._shard_maps(jobs)
         facts = {j.job_id: job_facts(j, shards) for j in jobs}
-        rows = self._store.samples(facts, now - self.config.lookback_s()) if jobs else []
+        rows = self._judged_rows(self._store.samples(facts, now - self.config.lookback_s()) if jobs else [], jobs, now)
         shared = {r.job_id for r in rows if r.shared}
         metas = {j.job_id: job_meta(j, facts[j.job_id], now, j.job_id in shared) for j in jobs}
         batch = batch_from_rows(metas, rows)
@@ -393,7 +418,7 @@ class Controller:
         if not limits:
             return verdicts
         needed = self.config.over_memory_samples
-        rows = self._store.samples(limits, now - (needed + 2) * self.config.gap_s)
+        rows = self._judged_rows(self._store.samples(limits, now - (needed + 2) * self.config.gap_s), jobs, now)
         for window in windows_from_rows({k: metas[k] for k in limits}, rows):
             found = judge_memory(window, limits[window.meta.job_id], needed, now, self.config.gap_s,
                                  allowance_mib=self.config.over_memory_allowance_mib)
@@ -469,6 +494,7 @@ class Controller:
         if known:
             rows += self._store.samples_after(known, self._watermark_id) + self._late_rows(known, now)
         self._remember(rows)
+        rows = self._judged_rows(rows, jobs, now)
         seen = self._tracker.last_ts()
         rows = sorted((r for r in rows if r.ts > seen.get((r.job_id, r.node, r.gpu_index), -math.inf)),
                       key=lambda r: (r.job_id, r.node, r.gpu_index, r.ts))
@@ -480,6 +506,16 @@ class Controller:
         verdicts = self._tracker.verdicts(tracked, self.config, now)
         found = self._guard_memory(now, jobs, metas, gib, with_missing(verdicts, metas, self.config, now))
         return self._plan(now, newest, jobs, facts, self._guard_conflicts(now, metas, shards, gib, found))
+
+    def _judged_rows(self, rows: Sequence[SampleRow], jobs: Sequence[JobInfo], now: float) -> list[SampleRow]:
+        """`rows_to_judge` against the jobs' node lists; logged once per node and reason (a few
+        per node at most: the set stays as small as the cluster)."""
+        nodes_of = {j.job_id: frozenset(expand_nodes(j.node_list)) for j in jobs if j.node_list}
+        kept, dropped = rows_to_judge(rows, nodes_of, now, self.config.gap_s)
+        for key in sorted(dropped.keys() - self._dropped_seen):
+            LOG.warning("ignoring samples from %s: %s", key[0], dropped[key])
+            self._dropped_seen.add(key)
+        return kept
 
     def _late_rows(self, known: set[str], now: float) -> list[SampleRow]:
         """Rows of `known` jobs below the watermark that no tick has read: on a server database

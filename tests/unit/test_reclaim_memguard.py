@@ -167,3 +167,39 @@ def test_without_gib_per_shard_nothing_is_judged(db_url: str) -> None:
     controller, _ = make(db_url, fake, START + 40.0, ReclaimConfig(
         dry_run=False, poll_interval_s=10.0, defaults=CONFIG.defaults, shards_per_gpu={"a100": 80}))
     assert controller.tick().results == ()
+
+
+def test_rows_another_node_wrote_for_a_job_cannot_get_it_requeued(db_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    # Any agent may insert rows (one database role): rows naming t4-07 for job 1, which runs on
+    # a100-01 only, are forged or mislabelled, and must not make it over its memory.
+    fake = neighbours()
+    add(db_url, "1", START + 40.0, 10.0)  # its own node: within its 20 GiB
+    with transaction(open_database(db_url)) as session:
+        for i in range(5):
+            session.add(JobGpuSample(ts=START + i * 10.0, node="t4-07", job_id="1", gpu_index=0, sm_util_pct=60.0,
+                                     memory_used_mib=70 * GIB, memory_total_mib=80 * GIB, power_draw_w=300.0,
+                                     power_limit_w=400.0, shared=True))
+    controller, clock = make(db_url, fake, START + 40.0)
+    with caplog.at_level("WARNING"):
+        for _ in range(3):
+            report = controller.tick()
+            assert report.results == () and fake.mutations() == []
+            clock.now += 10.0
+    assert {v.job.job_id: v.verdict.kind for v in controller.assess().views}["1"] is None
+    warned = [r.getMessage() for r in caplog.records if "ignoring samples from t4-07" in r.getMessage()]
+    assert warned == ["ignoring samples from t4-07: rows for job 1, which does not run there"]
+
+
+def test_rows_dated_ahead_of_the_controllers_clock_are_not_judged() -> None:
+    from slurm_aigc.reclaim.controller import rows_to_judge
+    from slurm_aigc.reclaim.store import SampleRow
+
+    def row(ts: float, node: str = "a100-01", job: str = "1") -> SampleRow:
+        return SampleRow(1, job, node, 0, ts, 0.0, 0.0, 30.0, 400.0, False)
+
+    now = START + 100.0
+    kept, dropped = rows_to_judge([row(now - 10.0), row(now + 15.0), row(now + 3600.0), row(now, node="b")],
+                                  {"1": frozenset({"a100-01"})}, now, 20.0)
+    assert [r.ts for r in kept] == [now - 10.0, now + 15.0]  # a few seconds of skew is tolerated
+    assert dropped == {("a100-01", "ahead"): "rows dated 3600 s ahead of this host's clock",
+                       ("b", "foreign"): "rows for job 1, which does not run there"}
