@@ -195,8 +195,13 @@ class Aggregator:
         self._total = _Acc()
         self._job_segments: dict[str, list[_Segment]] = {}
         self._job_alias: dict[str, str] = {}
-        # (job, segment index, hour, day) -> [known, used, useful, unjudged] GPU-seconds, capped in result().
-        self._cells: dict[tuple[str, int, int, str], list[float]] = {}
+        # The current job's cells, (segment index, hour, day) -> [known, used, useful, unjudged]
+        # GPU-seconds, capped into the sums (`_fold`) once the stream has passed the job.
+        self._job: str | None = None
+        self._cells: dict[tuple[int, int, str], list[float]] = {}
+        # Per passed job, the first and last hour of its folded cells, which no later slice may reach.
+        self._folded: dict[str, tuple[int, int]] = {}
+        self._folded_span: tuple[int, int] | None = None
         self._days: dict[str, tuple[float, float]] = {}
         self._util_bins: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0]))
         self._skipped: list[SkippedRow] = []
@@ -295,7 +300,13 @@ class Aggregator:
 
     # -- samples ---------------------------------------------------------------------
     def add_slices(self, slices: Iterable[SampleSlice]) -> None:
-        """Sum known GPU-seconds of jobs that are in the report per segment and hour; note the others."""
+        """Sum known GPU-seconds of jobs that are in the report per segment and hour; note the others.
+
+        A job's slices come together, as `SampleStore.job_slices` reads them: when the stream
+        passes to another job, the job's cells are final and are capped into the sums, so memory
+        holds one job's cells, not the period's job-hours. A slice reaching an hour of a job that
+        was already capped is a ValueError: capping the hour's parts apart would change the figures.
+        """
         for piece in slices:
             job = self._job_alias.get(piece.job_id, piece.job_id)
             segments = self._job_segments.get(job)
@@ -312,18 +323,49 @@ class Aggregator:
             # A GPU sample covers at most the job's share of that GPU (a shard job: its fraction);
             # a segment without GPU-hours (unresolved shards, no GPUs) has nothing to use.
             share = min(1.0, segment.gpus)
-            if share <= 0:
-                continue
-            used, useful, unjudged = self._fractions(piece, share)
-            start = max(piece.ts, self._p.since_ts)
-            for hour, day, seconds in self._cuts(start, min(piece.ts + piece.duration_s, self._p.until_ts)):
-                sums = self._cells.get((job, index, hour, day))
-                if sums is None:
-                    sums = self._cells[(job, index, hour, day)] = [0.0, 0.0, 0.0, 0.0]
-                sums[0] += share * seconds
-                sums[1] += used * seconds
-                sums[2] += useful * seconds
-                sums[3] += unjudged * seconds
+            if share > 0:
+                self._add_cells(job, index, share, piece)
+
+    def _add_cells(self, job: str, index: int, share: float, piece: SampleSlice) -> None:
+        start = max(piece.ts, self._p.since_ts)
+        end = min(piece.ts + piece.duration_s, self._p.until_ts)
+        if end <= start:
+            return
+        if job != self._job:
+            self._pass_job(job)
+        self._check_not_capped(job, start, end)
+        used, useful, unjudged = self._fractions(piece, share)
+        for hour, day, seconds in self._cuts(start, end):
+            sums = self._cells.get((index, hour, day))
+            if sums is None:
+                sums = self._cells[(index, hour, day)] = [0.0, 0.0, 0.0, 0.0]
+            sums[0] += share * seconds
+            sums[1] += used * seconds
+            sums[2] += useful * seconds
+            sums[3] += unjudged * seconds
+
+    def _pass_job(self, job: str | None) -> None:
+        """The stream moved on to `job` (None: ended): cap the passed job's cells into the sums."""
+        passed, cells = self._job, self._cells
+        if passed is not None and cells:
+            first, last = min(hour for _, hour, _ in cells), max(hour for _, hour, _ in cells)
+            before = self._folded.get(passed, (first, last))
+            self._folded[passed] = (min(first, before[0]), max(last, before[1]))
+            for key, sums in cells.items():  # in the order the stream opened them: the same float sums as capping at the end
+                self._fold(passed, key, sums)
+        self._job, self._cells = job, {}
+        self._folded_span = None if job is None else self._folded.get(job)
+
+    def _check_not_capped(self, job: str, start: float, end: float) -> None:
+        span = self._folded_span
+        if span is not None and start // _CELL_S <= span[1] and math.ceil(end / _CELL_S) - 1 >= span[0]:
+            raise ValueError(f"samples of job {job} out of order: one at {start:.0f} reaches an hour already capped; "
+                             "a job's samples must come together, as SampleStore.job_slices reads them")
+
+    @property
+    def open_cells(self) -> int:
+        """Cells not capped yet: the current job's (see `add_slices`)."""
+        return len(self._cells)
 
     def _fractions(self, piece: SampleSlice, share: float) -> tuple[float, float, float]:
         """(used, useful, busy-but-unjudged) GPUs of a sample, each at most the job's share of the GPU."""
@@ -355,26 +397,27 @@ class Aggregator:
             span = self._days[day] = (_midnight(today, self._p.tz), _midnight(today + timedelta(days=1), self._p.tz))
         return span
 
-    def _fold_cells(self) -> None:
-        """Cap each cell: sampled <= the segment's allocation in that hour, used <= sampled, useful <= used."""
-        for (job, index, hour, day), (known, used, useful, unjudged) in self._cells.items():
-            segment = self._job_segments[job][index]
-            if segment.start_ts is None:
-                continue
-            day_start, day_end = self._day_span(day)
-            low = max(segment.start_ts, self._p.since_ts, hour * _CELL_S, day_start)
-            high = min(segment.end_ts, self._p.until_ts, (hour + 1) * _CELL_S, day_end)
-            sampled = min(known, segment.gpus * max(0.0, high - low))
-            if sampled <= 0:
-                continue
-            used = min(used, sampled)
-            key = self._key(segment.attrs, day)
-            for acc in (self._groups[key], self._total):
-                acc.sampled_gpu_s += sampled
-                acc.used_gpu_s += used
-                acc.useful_gpu_s += min(useful, used)
-                acc.unjudged_gpu_s += min(unjudged, sampled)
-                acc.sampled_jobs.add(job)
+    def _fold(self, job: str, key: tuple[int, int, str], sums: list[float]) -> None:
+        """Cap one cell: sampled <= the segment's allocation in that hour, used <= sampled, useful <= used."""
+        index, hour, day = key
+        known, used, useful, unjudged = sums
+        segment = self._job_segments[job][index]
+        if segment.start_ts is None:
+            return
+        day_start, day_end = self._day_span(day)
+        low = max(segment.start_ts, self._p.since_ts, hour * _CELL_S, day_start)
+        high = min(segment.end_ts, self._p.until_ts, (hour + 1) * _CELL_S, day_end)
+        sampled = min(known, segment.gpus * max(0.0, high - low))
+        if sampled <= 0:
+            return
+        used = min(used, sampled)
+        group = self._key(segment.attrs, day)
+        for acc in (self._groups[group], self._total):
+            acc.sampled_gpu_s += sampled
+            acc.used_gpu_s += used
+            acc.useful_gpu_s += min(useful, used)
+            acc.unjudged_gpu_s += min(unjudged, sampled)
+            acc.sampled_jobs.add(job)
 
     # -- actions ---------------------------------------------------------------------
     def add_actions(self, events: Iterable[ActionEvent]) -> None:
@@ -403,7 +446,7 @@ class Aggregator:
                 for acc in (self._groups[self._last_key[job]], self._total):
                     acc.requeued_jobs.add(job)
                     acc.requeues += count - 1
-        self._fold_cells()
+        self._pass_job(None)
         groups = tuple(_figures(key, acc) for key, acc in sorted(self._groups.items()))
         waits = tuple(self._total.waits_s)
         return Report(

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from itertools import groupby
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Row, Select, literal_column, select, union_all
 from sqlalchemy.orm import Session, sessionmaker
 
 from slurm_aigc.db import ActionRecord, JobGpuRollup, JobGpuSample
@@ -19,6 +20,8 @@ from slurm_aigc.report.records import DEFAULT_INTERVAL_S, ActionEvent, SampleSli
 from slurm_aigc.report.retention import BUCKET_S, rolled_until, rollup_slices
 
 _BATCH = 5000
+# Which table a row of the one query comes from; rollups sort first, as their hours are older.
+_ROLLUP, _RAW = 0, 1
 
 
 class SampleStore:
@@ -29,40 +32,36 @@ class SampleStore:
         self._interval_s = default_interval_s
 
     def job_slices(self, since_ts: float, until_ts: float, job_ids: Sequence[str] = ()) -> Iterator[SampleSlice]:
-        """Every sample in [since, until), one GPU series at a time (memory: one series).
+        """Every sample in [since, until), one job at a time, one GPU series at a time (memory: one series).
 
         Hours older than the retention mark come from `job_gpu_rollups`, newer ones from the raw
         rows; never both for the same hour. An hour only partly in the window counts that part of
         its sums (`_clipped`): a rollup is an hourly sum, so this assumes its samples spread evenly.
+        One query reads both, ordered by job, so a job's slices come together (its rollups, then
+        its raw rows): the report caps a job's hours once the stream has passed the job, and the
+        last rollup's slice can reach past the mark into the hour the raw rows start, which must
+        be capped as one.
         """
         with self._factory() as session:
+            _one_snapshot(session)
             mark = rolled_until(session)
-            if mark is not None and since_ts < mark:
-                yield from self._rollup_slices(session, since_ts, min(until_ts, mark), job_ids)
-                since_ts = max(since_ts, mark)
-            if since_ts >= until_ts:
+            rolled_to = since_ts if mark is None else min(max(since_ts, mark), until_ts)
+            parts: list[Select[*tuple[Any, ...]]] = []
+            if rolled_to > since_ts:
+                parts.append(_rollup_rows(since_ts, rolled_to, job_ids))
+            if until_ts > rolled_to:
+                parts.append(_raw_rows(rolled_to, until_ts, job_ids))
+            if not parts:
                 return
-            query = select(
-                JobGpuSample.job_id, JobGpuSample.node, JobGpuSample.gpu_index, JobGpuSample.ts,
-                JobGpuSample.sm_util_pct, JobGpuSample.memory_used_mib, JobGpuSample.memory_total_mib,
-                JobGpuSample.power_draw_w, JobGpuSample.power_limit_w,
-            ).where(JobGpuSample.ts >= since_ts, JobGpuSample.ts < until_ts)
-            if job_ids:
-                query = query.where(JobGpuSample.job_id.in_(list(job_ids)))
-            query = query.order_by(JobGpuSample.job_id, JobGpuSample.node, JobGpuSample.gpu_index, JobGpuSample.ts)
+            both = union_all(*parts).subquery()
+            query = select(both).order_by(both.c.job_id, both.c.part, both.c.node, both.c.gpu_index, both.c.ts)
             rows = session.execute(query.execution_options(yield_per=_BATCH))
-            for _, series in groupby(rows, key=lambda row: (row[0], row[1], row[2])):
-                yield from slices([tuple(row) for row in series], self._interval_s)  # type: ignore[misc]
-
-    @staticmethod
-    def _rollup_slices(session: Session, since_ts: float, until_ts: float, job_ids: Sequence[str]) -> Iterator[SampleSlice]:
-        query = select(JobGpuRollup).where(JobGpuRollup.bucket_ts > since_ts - BUCKET_S, JobGpuRollup.bucket_ts < until_ts)
-        if job_ids:
-            query = query.where(JobGpuRollup.job_id.in_(list(job_ids)))
-        query = query.order_by(JobGpuRollup.job_id, JobGpuRollup.node, JobGpuRollup.gpu_index, JobGpuRollup.bucket_ts)
-        for row in session.scalars(query.execution_options(yield_per=_BATCH)):
-            for piece in rollup_slices(row):
-                yield _clipped(piece, row.bucket_ts, since_ts, until_ts)
+            for (_, part, _, _), series in groupby(rows, key=lambda row: (row[1], row[0], row[2], row[3])):
+                if part == _ROLLUP:
+                    for row in series:
+                        yield from (_clipped(piece, row[4], since_ts, rolled_to) for piece in rollup_slices(_rollup(row)))
+                else:
+                    yield from slices([tuple(row[1:10]) for row in series], self._interval_s)
 
     def actions(self, since_ts: float, until_ts: float, job_ids: Sequence[str] = ()) -> list[ActionEvent]:
         """Audit rows whose intent falls in [since, until) (or of the given jobs, any time)."""
@@ -73,6 +72,45 @@ class SampleStore:
             query = query.where(ActionRecord.ts_intent >= since_ts, ActionRecord.ts_intent < until_ts)
         with self._factory() as session:
             return [_event(row) for row in session.scalars(query.order_by(ActionRecord.ts_intent))]
+
+
+def _one_snapshot(session: Session) -> None:
+    """Read the retention mark and the rows in one snapshot (server databases).
+
+    The engines run READ COMMITTED (db.py), where each statement sees the newest commit: had
+    retention moved the mark and deleted the raw rows behind it between our reading the mark and
+    the rows, that hour would come from neither table. REPEATABLE READ keeps the first read's
+    snapshot for the session's transaction; a report only reads, so it takes no locks the
+    agents' inserts would wait for. SQLite, single-host and test-only, keeps its default.
+    """
+    if session.get_bind().dialect.name != "sqlite":
+        session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+
+
+def _rollup_rows(since_ts: float, until_ts: float, job_ids: Sequence[str]) -> Select[*tuple[Any, ...]]:
+    """Rollups of hours reaching into [since, until), in `_raw_rows`' columns (see `_rollup`)."""
+    query: Select[*tuple[Any, ...]] = select(
+        literal_column(str(_ROLLUP)).label("part"), JobGpuRollup.job_id, JobGpuRollup.node, JobGpuRollup.gpu_index,
+        JobGpuRollup.bucket_ts.label("ts"), JobGpuRollup.first_ts, JobGpuRollup.duration_s, JobGpuRollup.known_s,
+        JobGpuRollup.used_gpu_s, JobGpuRollup.memory_used_mib_max, JobGpuRollup.memory_total_mib,
+    ).where(JobGpuRollup.bucket_ts > since_ts - BUCKET_S, JobGpuRollup.bucket_ts < until_ts)
+    return query.where(JobGpuRollup.job_id.in_(list(job_ids))) if job_ids else query
+
+
+def _raw_rows(since_ts: float, until_ts: float, job_ids: Sequence[str]) -> Select[*tuple[Any, ...]]:
+    """Raw samples in [since, until): the row `records.slices` reads, then `ts` again (the union's width)."""
+    query: Select[*tuple[Any, ...]] = select(
+        literal_column(str(_RAW)).label("part"), JobGpuSample.job_id, JobGpuSample.node, JobGpuSample.gpu_index,
+        JobGpuSample.ts, JobGpuSample.sm_util_pct, JobGpuSample.memory_used_mib, JobGpuSample.memory_total_mib,
+        JobGpuSample.power_draw_w, JobGpuSample.power_limit_w, JobGpuSample.ts.label("ts_again"),
+    ).where(JobGpuSample.ts >= since_ts, JobGpuSample.ts < until_ts)
+    return query.where(JobGpuSample.job_id.in_(list(job_ids))) if job_ids else query
+
+
+def _rollup(row: Row[*tuple[Any, ...]]) -> JobGpuRollup:
+    """A `_rollup_rows` row as the record `rollup_slices` reads (not added to any session)."""
+    return JobGpuRollup(bucket_ts=row[4], job_id=row[1], node=row[2], gpu_index=row[3], first_ts=row[5], duration_s=row[6],
+                        known_s=row[7], used_gpu_s=row[8], memory_used_mib_max=row[9], memory_total_mib=row[10])
 
 
 def _clipped(piece: SampleSlice, bucket_ts: float, since_ts: float, until_ts: float) -> SampleSlice:

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import itertools
+import math
+import random
+from collections.abc import Iterable, Iterator, Sequence
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
 from slurm_aigc.report.figures import (
+    _CLASS,
+    Aggregator,
+    GroupFigures,
+    Report,
     ReportParams,
     UsefulRule,
+    _segment_at,
     build_report,
     job_view,
     split_by_day,
@@ -279,3 +288,267 @@ def test_queue_waits_leave_out_runs_that_started_after_the_window() -> None:
     later = record("82", "2026-12-01T02:00:00", "2026-12-01T03:00:00", "gres/gpu=1", submit="2026-11-30T23:00:00")
     total = build_report(params(), [inside, later]).total
     assert (total.queue_wait_mean_s, total.queue_wait_p95_s) == (600.0, 600.0)
+
+
+# -- the caps' cells, folded as the sample stream passes ------------------------------------------------
+
+
+class _Reference(Aggregator):
+    """The caps as eaead38 computed them, the reference for the streaming fold: every cell of the
+    period kept until `result()`, then capped in insertion order. Only `add_slices` and the fold
+    are copied; the helpers (cuts, fractions, group keys) are the aggregator's own."""
+
+    def __init__(self, params: ReportParams) -> None:
+        super().__init__(params)
+        self._all_cells: dict[tuple[str, int, int, str], list[float]] = {}
+
+    def add_slices(self, slices: Iterable[SampleSlice]) -> None:
+        for piece in slices:
+            job = self._job_alias.get(piece.job_id, piece.job_id)
+            segments = self._job_segments.get(job)
+            if segments is None:
+                self._foreign_sample_jobs.add(piece.job_id)
+                continue
+            if piece.sm_util_pct is None:
+                continue
+            index = _segment_at(segments, piece.ts)
+            segment = segments[index]
+            cell = self._util_bins[segment.attrs[_CLASS]][int((piece.ts - self._p.since_ts) // self._bin_s)]
+            cell[0] += piece.sm_util_pct * piece.duration_s
+            cell[1] += piece.duration_s
+            share = min(1.0, segment.gpus)
+            if share <= 0:
+                continue
+            used, useful, unjudged = self._fractions(piece, share)
+            start = max(piece.ts, self._p.since_ts)
+            for hour, day, seconds in self._cuts(start, min(piece.ts + piece.duration_s, self._p.until_ts)):
+                sums = self._all_cells.get((job, index, hour, day))
+                if sums is None:
+                    sums = self._all_cells[(job, index, hour, day)] = [0.0, 0.0, 0.0, 0.0]
+                sums[0] += share * seconds
+                sums[1] += used * seconds
+                sums[2] += useful * seconds
+                sums[3] += unjudged * seconds
+
+    def result(self) -> Report:
+        for (job, index, hour, day), (known, used, useful, unjudged) in self._all_cells.items():
+            segment = self._job_segments[job][index]
+            if segment.start_ts is None:
+                continue
+            day_start, day_end = self._day_span(day)
+            low = max(segment.start_ts, self._p.since_ts, hour * 3600.0, day_start)
+            high = min(segment.end_ts, self._p.until_ts, (hour + 1) * 3600.0, day_end)
+            sampled = min(known, segment.gpus * max(0.0, high - low))
+            if sampled <= 0:
+                continue
+            used = min(used, sampled)
+            key = self._key(segment.attrs, day)
+            for acc in (self._groups[key], self._total):
+                acc.sampled_gpu_s += sampled
+                acc.used_gpu_s += used
+                acc.useful_gpu_s += min(useful, used)
+                acc.unjudged_gpu_s += min(unjudged, sampled)
+                acc.sampled_jobs.add(job)
+        self._all_cells.clear()
+        return super().result()
+
+
+def _report_with(kind: type[Aggregator], params: ReportParams, jobs: Sequence[JobRecord], pieces: Iterable[SampleSlice]) -> Report:
+    aggregator = kind(params)
+    aggregator.add_rows(jobs)
+    aggregator.add_slices(pieces)
+    return aggregator.result()
+
+
+def _iso(ts_s: float) -> str:
+    return datetime.fromtimestamp(ts_s, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+# (AllocTRES, node list, GPUs sampled): whole GPUs, a shard job, untyped shards (unresolved), CPU only.
+_ALLOCATIONS = (("gres/gpu:a100=1,gres/gpu=1", "a100-01", 1), ("gres/gpu:a100=2,gres/gpu=2", "a100-02", 2),
+                ("gres/gpu:t4=4,gres/gpu=4", "t4-01", 4), ("gres/shard:a100=20,gres/shard=20", "a100-03", 1),
+                ("gres/shard=20", "node7", 1), ("", "cpu-01", 0))
+
+
+def _random_jobs(rng: random.Random, since: float, until: float, count: int) -> list[tuple[JobRecord, int]]:
+    """Jobs with 1-3 run segments (requeued ones change partition), before, across and after the window's
+    edges, some running at its end and one never started: each with how many GPUs its samples cover."""
+    jobs: list[tuple[JobRecord, int]] = [(record("99", None, None, "gres/gpu=1", submit=_iso(since + 600)), 0)]
+    for number in range(count):
+        job = str(rng.choice((10, 1000, 200)) + number)  # ids of mixed lengths: the store's order is by text
+        tres, nodes, gpus = rng.choice(_ALLOCATIONS)
+        gpus += gpus > 0 and rng.random() < 0.3  # its agent also reports a GPU it does not hold: over the cap
+        cls = rng.choice(("train", "infer"))
+        cursor = rng.uniform(since - 8 * 3600, until - 1800)
+        runs = rng.choice((1, 1, 1, 2, 3))
+        for run in range(runs):
+            start = round(cursor)
+            last = run == runs - 1
+            end: float | None = start + rng.choice((600, 1800, 3600, 4 * 3600, 11 * 3600)) + rng.randrange(3600)
+            if last and rng.random() < 0.25 and start < until:
+                end = None  # still running at the window's end
+            state = "RUNNING" if end is None else ("COMPLETED" if last else "REQUEUED")
+            jobs.append((record(job, _iso(start), None if end is None else _iso(end), tres, cls=cls, state=state,
+                                submit=_iso(start - rng.randrange(3600)), partition=rng.choice(("gpu", "debug")),
+                                nodes=nodes), gpus))
+            cursor = (end or until) + rng.randrange(300, 3 * 3600)
+    return jobs
+
+
+def _random_samples(rng: random.Random, jobs: Sequence[tuple[JobRecord, int]], until: float) -> list[dict[str, object]]:
+    """Agent rows of every run (polls at 30-300 s; some outages; a second of clock skew at the edges; rows at
+    each run's start and end, and for some at each clock hour), plus a job the report does not select. A
+    rolled-up hour's slice then reaches into the next hour by its first row's offset, as on a cluster."""
+    rows: list[dict[str, object]] = []
+    for job, gpus in jobs:
+        if job.start_ts is None:
+            continue
+        end = job.end_ts if job.end_ts is not None else until + 1800
+        interval, unknown = rng.choice((30.0, 60.0, 300.0)), rng.choice((0.0, 0.0, 0.05))
+        hours = range(int(job.start_ts // 3600) + 1, int(end // 3600) + 1) if rng.random() < 0.3 else range(0)
+        for gpu in range(gpus):
+            times = [job.start_ts - 1.0, job.start_ts, end - 1.0, end] + [hour * 3600.0 for hour in hours]
+            cursor = job.start_ts + rng.uniform(0, interval)
+            while cursor < end:
+                if rng.random() < 0.01:
+                    cursor += rng.uniform(600, 3 * 3600)  # the agent was down
+                times.append(cursor)
+                cursor += interval
+            for ts_s in sorted(set(times)):
+                util = None if rng.random() < unknown else rng.choice((0.0, 0.5, 100.0, rng.uniform(0, 100)))
+                power = None if rng.random() < 0.2 else rng.choice((60.0, 300.0))
+                rows.append({"ts": ts_s, "node": job.node_list, "job_id": job.job_id_raw, "gpu_index": gpu, "sm_util_pct": util,
+                             "memory_used_mib": 1000.0, "memory_total_mib": 81920.0, "power_draw_w": power, "power_limit_w": 400.0})
+    rows += [{"ts": until - 7200 + 60 * i, "node": "a100-09", "job_id": "777777", "gpu_index": 0, "sm_util_pct": 50.0} for i in range(5)]
+    return rows
+
+
+def _store_stream(tmp_path: Path, rows: list[dict[str, object]], since: float, until: float, mark: float) -> list[SampleSlice]:
+    """The stream `report` reads: hours before `mark` from their rollups (retention ran), the rest raw."""
+    from sqlalchemy import insert
+
+    from slurm_aigc.db import JobGpuSample, open_database, transaction
+    from slurm_aigc.report.retention import Retention
+    from slurm_aigc.report.samples import SampleStore
+
+    db = open_database(f"sqlite:///{tmp_path / 'stream.db'}")
+    with transaction(db) as session:
+        session.execute(insert(JobGpuSample), rows)
+    Retention(db, raw_retention_hours=1.0).run(now_ts=mark + 3600)
+    return list(SampleStore(db).job_slices(since, until))
+
+
+def _assert_same_report(new: Report, old: Report, *, rounding: bool = False) -> None:
+    """Field by field, exactly; with `rounding`, GPU-hours to float rounding (the same capped cells, added in another order)."""
+    def same(a: GroupFigures, b: GroupFigures) -> None:
+        for name in a.__dataclass_fields__:
+            x, y = getattr(a, name), getattr(b, name)
+            if rounding and isinstance(x, float) and isinstance(y, float):
+                assert math.isclose(x, y, rel_tol=1e-12, abs_tol=1e-9), (a.key, name, x, y)
+            else:
+                assert x == y, (a.key, name, x, y)
+
+    assert [g.key for g in new.groups] == [g.key for g in old.groups]
+    for a, b in zip(new.groups, old.groups, strict=True):
+        same(a, b)
+    same(new.total, old.total)
+    if rounding:
+        assert new.util_by_class.keys() == old.util_by_class.keys()
+        for cls, points in new.util_by_class.items():
+            assert [t for t, _ in points] == [t for t, _ in old.util_by_class[cls]]
+            assert [u for _, u in points] == pytest.approx([u for _, u in old.util_by_class[cls]], rel=1e-12)
+    else:
+        assert new.util_by_class == old.util_by_class
+    assert (new.queue_waits_s, new.skipped, new.notes) == (old.queue_waits_s, old.skipped, old.notes)
+
+
+@pytest.mark.parametrize(("seed", "tz", "group_by"), [(1, timezone(timedelta(hours=5, minutes=30)), ("day", "partition", "class")),
+                                                      (2, UTC, ("gpu_type", "user")), (3, timezone(timedelta(hours=-3)), ())])
+def test_streaming_fold_gives_the_figures_of_folding_at_the_end(tmp_path: Path, seed: int, tz: timezone,
+                                                                group_by: tuple[str, ...]) -> None:
+    """A random (seeded) store stream, rollups before the retention mark and raw rows after it: the same
+    figures as keeping every cell to the end, on this stream, and on the stream as the store read it before."""
+    rng = random.Random(seed)
+    since, until, mark = ts("2026-11-30T00:20:00"), ts("2026-12-01T19:40:30"), ts("2026-11-30T21:00:00")
+    jobs = _random_jobs(rng, since, until, 45)
+    pieces = _store_stream(tmp_path, _random_samples(rng, jobs, until), since, until, mark)
+    runs = [job for job, _ in itertools.groupby(p.job_id for p in pieces)]
+    assert len(runs) == len(set(runs))  # each job's slices together, its rollups and its raw rows
+    assert {p.job_id for p in pieces if p.ts < mark} & {p.job_id for p in pieces if p.ts >= mark}  # jobs across the mark
+    records = [job for job, _ in jobs]
+    params = ReportParams(since, until, group_by, shards_per_gpu=SHARDS_PER_GPU, tz=tz)
+    new = _report_with(Aggregator, params, records, pieces)
+    old = _report_with(_Reference, params, records, pieces)
+    assert old.total.requeues > 0 and old.total.shard_jobs > 0 and old.total.running_jobs > 0
+    assert 0 < old.total.gpu_hours_sampled < old.total.gpu_hours_allocated
+    _assert_same_report(new, old)
+    # Before, the store read every rollup first, then the raw rows (a stable sort by "after the mark" gives that).
+    two_passes = sorted(pieces, key=lambda p: p.ts >= mark)
+    _assert_same_report(new, _report_with(_Reference, params, records, two_passes), rounding=True)
+
+
+def _finished_jobs(count: int) -> tuple[ReportParams, list[JobRecord], Iterator[SampleSlice]]:
+    """`count` 2-GPU jobs of 3 h, one starting every 30 min, sampled every 5 min, in the store's order."""
+    since = ts("2026-11-30T00:00:00")
+    params = ReportParams(since, since + (count + 8) * 1800, shards_per_gpu=SHARDS_PER_GPU, tz=UTC)
+    starts = [since + 1800 * i + 900 for i in range(count)]
+    jobs = [record(f"{1000 + i}", _iso(start), _iso(start + 3 * 3600), "gres/gpu:a100=2,gres/gpu=2") for i, start in enumerate(starts)]
+    pieces = (SampleSlice(f"{1000 + i}", "a100-01", gpu, start + 300 * step, 300.0, 50.0, 1000.0, 81920.0)
+              for i, start in enumerate(starts) for gpu in range(2) for step in range(36))
+    return params, jobs, pieces
+
+
+def test_open_cells_do_not_grow_with_the_finished_jobs_the_stream_has_passed() -> None:
+    def peak(count: int) -> int:
+        params, jobs, pieces = _finished_jobs(count)
+        aggregator = Aggregator(params)
+        aggregator.add_rows(jobs)
+        seen = [0]
+
+        def watched() -> Iterator[SampleSlice]:
+            for piece in pieces:
+                yield piece
+                seen[0] = max(seen[0], aggregator.open_cells)
+
+        aggregator.add_slices(watched())
+        assert aggregator.result().total.gpu_hours_used == pytest.approx(count * 3.0)
+        return seen[0]
+
+    few, many = peak(10), peak(200)
+    assert many == few <= 12  # one job's 4 hours and the last hours of the few running beside it, not 800 cells
+
+
+def test_the_hour_across_the_retention_mark_is_capped_once(tmp_path: Path) -> None:
+    """A rolled-up hour's slice reaches past the mark by its first row's offset, into the hour of the first raw
+    rows; the store hands a job's rollups and raw rows together, so that hour is capped once, not per part."""
+    job = record("5", "2026-11-30T10:00:00", "2026-11-30T12:00:00", "gres/gpu:a100=1,gres/gpu=1")
+    other = record("6", "2026-11-30T10:00:00", "2026-11-30T12:00:00", "gres/gpu:a100=1,gres/gpu=1")
+    start = ts("2026-11-30T10:00:30")
+    rows: list[dict[str, object]] = [
+        {"ts": start + 60 * i, "node": "a100-01", "job_id": name, "gpu_index": gpu, "sm_util_pct": 50.0}
+        for name, gpus in (("5", 2), ("6", 1)) for gpu in range(gpus) for i in range(120)]  # job 5 also on a GPU it does not hold
+    pieces = _store_stream(tmp_path, rows, params().since_ts, ts("2026-11-30T12:00:00"), ts("2026-11-30T11:00:00"))
+    assert [job for job, _ in itertools.groupby(p.job_id for p in pieces)] == ["5", "6"]
+    by_job = {g.key[0]: g for g in build_report(params("user"), [job], pieces).groups}
+    assert by_job["aigc-alice"].gpu_hours_sampled == pytest.approx(2.0)  # capped apart: 2 h + 2 x 30 s
+    report = build_report(params(), [job, other], pieces)
+    assert report.total.gpu_hours_sampled == pytest.approx(2.0 + (7200 - 30) / 3600)  # job 6: from 10:00:30
+    _assert_same_report(report, _report_with(_Reference, params(), [job, other], pieces))
+
+
+def test_a_job_may_come_back_for_hours_not_yet_capped() -> None:
+    jobs = [record("5", "2026-11-30T10:00:00", "2026-11-30T16:00:00", "gres/gpu=1"),
+            record("6", "2026-11-30T13:00:00", "2026-11-30T14:00:00", "gres/gpu=1")]
+    pieces = (slices_for("5", "2026-11-30T10:00:00", 120, 50.0) + slices_for("6", "2026-11-30T13:00:00", 60, 80.0)
+              + slices_for("5", "2026-11-30T14:00:00", 120, 20.0))
+    report = build_report(params(), jobs, pieces)
+    assert report.total.gpu_hours_used == pytest.approx(1.0 + 0.8 + 0.4)
+    _assert_same_report(report, _report_with(_Reference, params(), jobs, pieces))
+
+
+def test_a_job_whose_samples_come_apart_is_an_error_not_other_figures() -> None:
+    jobs = [record("5", "2026-11-30T10:00:00", "2026-11-30T12:00:00", "gres/gpu=1"),
+            record("6", "2026-11-30T13:00:00", "2026-11-30T14:00:00", "gres/gpu=1")]
+    pieces = slices_for("5", "2026-11-30T10:00:00", 60, 50.0) + slices_for("6", "2026-11-30T13:00:00", 60, 50.0)
+    with pytest.raises(ValueError, match="samples of job 5 out of order"):
+        build_report(params(), jobs, pieces + slices_for("5", "2026-11-30T10:30:00", 1, 50.0))

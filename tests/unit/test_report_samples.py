@@ -116,3 +116,26 @@ def test_rolled_up_hours_at_the_window_edges_count_the_part_inside(db: sessionma
     # The other edge: a window ending at 11:15 counts a quarter of the 11:00 hour.
     early = list(SampleStore(db).job_slices(T0 + 1800, T0 + 4500))
     assert sum(p.used_gpu_s or 0.0 for p in early) == pytest.approx(1800 + 900)
+
+
+def test_retention_between_reading_the_mark_and_the_rows_loses_no_hour(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Retention runs in the controller on another host, whenever it likes: here it moves the mark
+    # over three hours and deletes their raw rows right after the report has read the mark.
+    if db_url.startswith("sqlite"):
+        pytest.skip("SQLite is single-host and test-only: no concurrent retention")
+    from slurm_aigc.report import samples as samples_module
+    from slurm_aigc.report.retention import Retention, rolled_until
+
+    db = open_database(db_url)
+    times = [T0 + 10 * i for i in range(6 * 360)]  # six hours at 50 %
+    add_series(db, "41", 0, times, [50.0] * len(times))
+    expected = sum(p.used_gpu_s or 0.0 for p in SampleStore(db).job_slices(T0, T0 + 6 * 3600))
+
+    def mark_then_retention(session: Session) -> float | None:
+        mark = rolled_until(session)
+        Retention(db, raw_retention_hours=48.0).run(T0 + 3 * 3600 + 48 * 3600)
+        return mark
+
+    monkeypatch.setattr(samples_module, "rolled_until", mark_then_retention)
+    read = sum(p.used_gpu_s or 0.0 for p in SampleStore(db).job_slices(T0, T0 + 6 * 3600))
+    assert read == pytest.approx(expected) and expected == pytest.approx(6 * 3600 * 0.5)
