@@ -83,7 +83,7 @@ def why(entry: LearnedEntry, config: LearnedConfig) -> str:
                      f"{entry.p95_peak_mib:.0f} MiB, over max_vram_spread {config.max_vram_spread:g}x: the name "
                      "covers jobs of different sizes")
     if entry.sm is not None:
-        parts.append(f"sm {entry.sm:g}: mean of {entry.jobs} job(s) SM while computing (samples above "
+        parts.append(f"sm {entry.sm:g}: the highest of {entry.jobs} job(s) SM while computing (samples above "
                      f"{COMPUTING_MIN_PCT:g} %)")
     return "; ".join(parts) + f" (jobs that ended in the last {config.max_age_days:g} days)"
 
@@ -130,12 +130,15 @@ def show(config_file: str | None, file_path: Path | None, user: str | None, name
 @click.option("--dry-run", is_flag=True, help="Learn and print, write nothing.")
 def update(config_file: str | None, db_url: str | None, dry_run: bool) -> None:
     """Learn now from sacct and the samples and write the table (what the controller does every interval_s)."""
+    from slurm_aigc.cli.env import SACCT_TIMEOUT_S
     from slurm_aigc.policy.site import load_site_policy
     from slurm_aigc.slurm import SlurmCli
     from slurm_aigc.telemetry.learnpublish import open_learner
 
     policy = load_site_policy(config_file, hook_sections=False)
-    entries = open_learner(policy.learned, policy.classes, db_url, SlurmCli(), dry_run=dry_run).tick()
+    # In the foreground, nothing else waits: the reports' sacct timeout, and the whole range in one run.
+    learner = open_learner(policy.learned, policy.classes, db_url, SlurmCli(timeout_s=SACCT_TIMEOUT_S), dry_run=dry_run)
+    entries = learner.tick() or []
     verb = "would write" if dry_run else "wrote"
     click.echo(f"{verb} {len(entries)} learned default(s) to {policy.learned.file}")
 

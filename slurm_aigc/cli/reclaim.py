@@ -51,13 +51,15 @@ dry_run_option = click.option("--dry-run/--no-dry-run", "dry_run", default=None,
 
 
 def _controller(config_file: str | None, db_url: str | None, dry_run: bool | None, publisher: bool,
-                jobs: Sequence[str] = ()) -> tuple[Controller, PublisherHooks | None]:
+                jobs: Sequence[str] = (), learner: bool = False) -> tuple[Controller, PublisherHooks | None]:
     config = load_reclaim_config(config_file)
     factory = open_database(db_url)
     slurm = SlurmCli()
     dry = config.dry_run if dry_run is None else dry_run
     hooks = load_publisher(slurm, db_url, config_file, dry) if publisher else None
-    hooks = _with_learner(hooks, slurm, db_url, config_file, dry) if publisher else hooks
+    # Not tied to the publisher: the learner needs sacct and the database only, not the right to
+    # update nodes, and the shipped unit runs --no-publisher.
+    hooks = _with_learner(hooks, slurm, db_url, config_file, dry) if learner else hooks
     controller = Controller(slurm, ReclaimStore(factory), config, dry_run=dry, publisher_tick=hooks.tick if hooks else None,
                             only_jobs=frozenset(jobs) if jobs else None, nodes_seen=hooks.nodes_seen if hooks else None)
     return controller, hooks
@@ -80,14 +82,21 @@ def _mode(dry_run: bool) -> str:
 
 def _with_learner(hooks: PublisherHooks | None, slurm: SlurmCli, db_url: str | None, config_file: str | None,
                   dry_run: bool) -> PublisherHooks | None:
-    """The publisher's hooks with the learner of `learned:` after it (docs/policy.md), when enabled."""
+    """The publisher's hooks (None: no publisher) with the learner of `learned:` after them
+    (docs/policy.md), when enabled.
+
+    `slurm` is the loop's own `SlurmCli`: the learner runs in the reclaim loop's thread, so its
+    sacct calls take the loop's timeout, one window per tick (telemetry/learnpublish.py).
+    """
     from slurm_aigc.policy.loader import load_policy
-    from slurm_aigc.telemetry.learnpublish import open_learner, with_learner
+    from slurm_aigc.telemetry.learnpublish import LOOP_WINDOWS_PER_TICK, open_learner, with_learner
 
     policy = load_policy(config_file, hook_sections=False)
     if not policy.learned.enabled:
         return hooks
-    learner = open_learner(policy.learned, policy.classes, db_url, slurm, dry_run=dry_run)
+    learner = open_learner(policy.learned, policy.classes, db_url, slurm, dry_run=dry_run,
+                           windows_per_tick=LOOP_WINDOWS_PER_TICK)
+    LOG.info("learner: learning every %gs into %s", policy.learned.interval_s, policy.learned.file)
 
     def reload(dry: bool) -> None:
         if hooks is not None:
@@ -123,7 +132,8 @@ def controller(config_file: str | None, db_url: str | None, interval_s: float | 
     """Detect wasted GPU allocations and act on them (notify, signal, requeue, shrink)."""
     from slurm_aigc.daemonloop import DaemonLoop
 
-    ctl, hooks = _controller(config_file, db_url, dry_run, publisher, jobs)
+    # The learner, like the retention, belongs to the daemon, not to a one-off or one-job run.
+    ctl, hooks = _controller(config_file, db_url, dry_run, publisher, jobs, learner=not (once or jobs))
     click.echo(f"slurm-aigc controller: {_mode(ctl.dry_run)}", err=True)
     retention = None if once or jobs else _retention(config_file, db_url)
 

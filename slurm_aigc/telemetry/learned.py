@@ -4,7 +4,7 @@ class, the VRAM need and the expected SM fraction; and the file the job_submit h
 Most jobs on a real cluster carry no `aigc:` tag, so the hook knows neither their class nor
 their VRAM and can neither share a GPU nor fit a GPU type for them. Their owners' earlier
 jobs with a similar name tell both. The controller (`telemetry/learnpublish.py`) reads the
-history (sacct records and the agents' samples), calls `learn`, and writes `format_table`'s
+history (sacct records and the agents' samples), calls `learn_jobs`, and writes `format_table`'s
 bytes; the hook (`learned_defaults` in job_submit_lua/aigc_hook.lua) reads the file and fills
 only the keys a job's tag leaves out.
 
@@ -40,12 +40,20 @@ Rules, and why each exists:
   GPU) onto the biggest type (the 16-node replay measured before this rule: useful utilization
   0.81x of learning off, docs/benchmarks.md). Such a key keeps its class and SM; its jobs are
   placed as if nothing were learned of their VRAM.
-* **SM fraction**, 0..1: the mean over the jobs of each job's SM *while it computes* (its
-  time-weighted mean over the samples above `COMPUTING_MIN_PCT`), what compute-aware sharing
-  reads as `view.learned.sm` and what the policy's per-class `expected_sm` means
-  (docs/hook.md). A mean over the whole run would count loading and idle time and read
-  lower for a bursty server, packing it tighter than its busy phases allow. Fake-busy time
-  (high SM at idle power) counts as computing: that errs towards sharing less.
+* **SM fraction**, 0..1: the *highest* over the jobs of each job's SM *while it computes* (its
+  time-weighted mean over the samples above `COMPUTING_MIN_PCT`), rounded up to a hundredth:
+  what compute-aware sharing reads as `view.learned.sm` and what the policy's per-class
+  `expected_sm` means (docs/hook.md). Why the highest and not the mean: the figure decides how
+  many co-tenants share the job's GPU, and a job that draws more than it was given slows them,
+  not its owner. With a mean, a user could run five light jobs under a name, then compute-heavy
+  ones under the same name, and have those packed as tightly as the light ones (`shard:5` of
+  an a100's 80: up to 16 per GPU). With the highest, every job under the key counts against it:
+  one heavy job makes the key heavy for every later job until it is `max_age_days` old. The
+  cost falls on its owner (fewer co-tenants, a bigger shard request), which is the side to err
+  on. A per-job mean over the whole run would count loading and idle time and read lower for a
+  bursty server, packing it tighter than its busy phases allow. Fake-busy time (high SM at idle
+  power) counts as computing: that errs towards sharing less too. What a user can still do:
+  docs/security.md.
 * **Class**: the class stamped at submit (`aigc_class=`, which only slurmctld and admins
   write) of the user's jobs under that key, when one class holds at least `min_class_share`
   of them. Jobs whose stamp says `aigc_learned=1` never count as evidence of a class: the
@@ -53,21 +61,29 @@ Rules, and why each exists:
   Such a key loses its class once its real evidence is older than `max_age_days`; its VRAM
   and SM are measured values and keep counting. `unknown` and `interactive` are no
   evidence (interactive means no batch script, which learning cannot grant).
-* **At most `max_entries`** entries, the best-backed first: the hook reads the whole file,
-  so its size stays bounded whatever the history holds.
+* **At most `max_entries`** entries, shared out fairly among users: every user's best-backed
+  entry first, then every user's second, and so on; within a round the best-backed first. The
+  hook reads the whole file, so its size stays bounded whatever the history holds, and one
+  user's hyper-parameter sweep (hundreds of names, each its own key) cannot push everyone
+  else's entries out: a user loses entries to the cut only past an even share.
+* **What is kept per job** (`LearnedJob`): the uid, the user name, the key's pattern, the
+  stamped class and the job's usage; not its name or comments. The controller holds one per
+  GPU job of the last `max_age_days`, so each costs a few hundred bytes whatever its owner
+  typed (strings shared by a key are interned).
 """
 
 from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from slurm_aigc.errors import AigcError
 from slurm_aigc.policy.model import LearnedConfig
 from slurm_aigc.report.records import SampleSlice
-from slurm_aigc.stats import mean, percentile
+from slurm_aigc.stats import percentile
 from slurm_aigc.tags import UNKNOWN_CLASS, trusted_tags
 from slurm_aigc.units import MIB_PER_GIB
 
@@ -180,67 +196,117 @@ class LearnedEntry:
         return (self.uid, self.pattern)
 
 
+@dataclass(frozen=True, slots=True)
+class LearnedJob:
+    """What the learner keeps of one finished GPU job: all `learn_jobs` reads, nothing more.
+
+    The controller holds one per GPU job of the last `max_age_days` (telemetry/learnpublish.py),
+    so it carries no name and no comment, only the key they make and the class they stamp.
+    """
+
+    uid: int
+    user: str  # NONE when not a plain user name (it is written into the table)
+    pattern: str
+    stamped_class: str | None  # the hook's stamp written without learning; None: no stamp, or a learned one
+    end_ts: float
+    peak_vram_mib: float | None = None
+    sm_pct: float | None = None  # SM % while computing (`usage_from_slices`)
+
+
+def learned_job(job: HistoryJob, usage: JobUsage | None = None) -> LearnedJob | None:
+    """The learner's record of a finished GPU job of a known, non-root user whose name has words; else None.
+
+    Root's jobs are never rewritten by the hook, so nothing is learned for them. The strings a
+    key's jobs share (user, pattern, class) are interned: one copy, however many jobs.
+    """
+    if job.uid is None or job.uid == 0 or job.gpus <= 0 or job.end_ts is None:
+        return None
+    pattern = name_pattern(job.name)
+    if not pattern:
+        return None
+    stamp = trusted_tags(job.admin_comment)
+    stamped = None if stamp.get(LEARNED_STAMP_KEY) else stamp.get("class")
+    user = job.user if _USER_RE.fullmatch(job.user) else NONE
+    return LearnedJob(job.uid, sys.intern(user), sys.intern(pattern), None if stamped is None else sys.intern(stamped),
+                      job.end_ts, usage.peak_vram_mib if usage else None, usage.mean_sm_pct if usage else None)
+
+
 def learn(history: Iterable[HistoryJob], usage: Mapping[str, JobUsage], config: LearnedConfig, now_ts: float,
           classes: Iterable[str]) -> list[LearnedEntry]:
-    """The learned table from the history, best-backed entries first, at most `max_entries`."""
-    known = frozenset(classes) - _NOT_EVIDENCE
-    groups: dict[tuple[int, str], list[HistoryJob]] = {}
-    users: dict[int, str] = {}
-    for job in _recent_gpu_jobs(history, config, now_ts):
-        assert job.uid is not None
-        pattern = name_pattern(job.name)
-        if pattern:
-            groups.setdefault((job.uid, pattern), []).append(job)
-            users[job.uid] = job.user if _USER_RE.fullmatch(job.user) else NONE
-    entries = [entry for (uid, pattern), jobs in groups.items()
-               if (entry := _entry(uid, users[uid], pattern, jobs, usage, config, known)) is not None]
-    entries.sort(key=lambda e: (-(e.jobs + e.class_jobs), e.uid, e.pattern))
-    return entries[:config.max_entries]
+    """The learned table from sacct's records and the agents' usage (see `learn_jobs`).
 
-
-def _recent_gpu_jobs(history: Iterable[HistoryJob], config: LearnedConfig, now_ts: float) -> list[HistoryJob]:
-    """GPU jobs of known, non-root users that ended within `max_age_days`, one record per job id.
-
-    Root's jobs are never rewritten by the hook, so nothing is learned for them; a requeued job
-    has a sacct record per run, and the last one speaks for it.
+    A requeued job has a sacct record per run: the last one speaks for it.
     """
-    oldest = now_ts - config.max_age_days * 86400.0
     latest: dict[str, HistoryJob] = {}
     for job in history:
-        if job.uid is None or job.uid == 0 or job.gpus <= 0 or job.end_ts is None or job.end_ts < oldest:
-            continue
-        if job.job_id not in latest or (latest[job.job_id].end_ts or 0.0) <= job.end_ts:
+        if job.end_ts is not None and (job.job_id not in latest or (latest[job.job_id].end_ts or 0.0) <= job.end_ts):
             latest[job.job_id] = job
-    return list(latest.values())
+    kept = (learned_job(job, usage.get(job_id)) for job_id, job in latest.items())
+    return learn_jobs([job for job in kept if job is not None], config, now_ts, classes)
 
 
-def _entry(uid: int, user: str, pattern: str, jobs: Sequence[HistoryJob], usage: Mapping[str, JobUsage],
-           config: LearnedConfig, known: frozenset[str]) -> LearnedEntry | None:
+def learn_jobs(jobs: Iterable[LearnedJob], config: LearnedConfig, now_ts: float, classes: Iterable[str]
+               ) -> list[LearnedEntry]:
+    """The learned table from the jobs that ended within `max_age_days`: best-backed entries
+    first, at most `max_entries`, shared out among users (`fair_cut`)."""
+    known = frozenset(classes) - _NOT_EVIDENCE
+    oldest = now_ts - config.max_age_days * 86400.0
+    groups: dict[tuple[int, str], list[LearnedJob]] = {}
+    users: dict[int, str] = {}
+    for job in jobs:
+        if job.end_ts >= oldest:
+            groups.setdefault((job.uid, job.pattern), []).append(job)
+            users[job.uid] = job.user
+    entries = [entry for (uid, pattern), group in groups.items()
+               if (entry := _entry(uid, users[uid], pattern, group, config, known)) is not None]
+    return fair_cut(entries, config.max_entries)
+
+
+def _backing(entry: LearnedEntry) -> tuple[int, int, str]:
+    """Sort key: the best-backed first (jobs behind the values plus stamped jobs), then by key."""
+    return (-(entry.jobs + entry.class_jobs), entry.uid, entry.pattern)
+
+
+def fair_cut(entries: Iterable[LearnedEntry], max_entries: int) -> list[LearnedEntry]:
+    """At most `max_entries`, taken in rounds: every user's best-backed entry, then every user's
+    second, ...; within a round the best-backed first. Returned best-backed first.
+
+    A user with many keys keeps them only as far as the table has room once every other user's
+    better-ranked entries are in: a sweep of structured names cannot evict another user.
+    """
+    taken: dict[int, int] = {}
+    rounds: list[tuple[int, LearnedEntry]] = []
+    for entry in sorted(entries, key=_backing):
+        rounds.append((taken.get(entry.uid, 0), entry))
+        taken[entry.uid] = rounds[-1][0] + 1
+    rounds.sort(key=lambda item: item[0])  # stable: within a round, still best-backed first
+    return sorted((entry for _, entry in rounds[:max_entries]), key=_backing)
+
+
+def _entry(uid: int, user: str, pattern: str, jobs: Sequence[LearnedJob], config: LearnedConfig,
+           known: frozenset[str]) -> LearnedEntry | None:
     job_class, class_jobs = _learned_class(jobs, config, known)
-    used = [usage[j.job_id] for j in jobs if j.job_id in usage]
-    peaks = [u.peak_vram_mib for u in used if u.peak_vram_mib is not None and u.peak_vram_mib > 0]
-    sms = [u.mean_sm_pct for u in used if u.mean_sm_pct is not None]
+    peaks = [j.peak_vram_mib for j in jobs if j.peak_vram_mib is not None and j.peak_vram_mib > 0]
+    sms = [j.sm_pct for j in jobs if j.sm_pct is not None]
     p95 = percentile(peaks, 95) if len(peaks) >= config.min_jobs else None
     p50 = percentile(peaks, 50) if p95 is not None else None
     vram = None
     if p95 is not None and p50 is not None and p95 <= config.max_vram_spread * p50:  # a tight key
         vram = max(1, math.ceil(p95 * (1 + config.vram_margin_pct / 100) / MIB_PER_GIB - 1e-9))
-    sm_mean = mean(sms) if len(sms) >= config.min_jobs else None
-    sm = None if sm_mean is None else round(min(1.0, max(0.0, sm_mean / 100)), 2)
+    # The highest job's figure, not the mean (module docstring): rounded up, as it caps co-tenants.
+    sm = math.ceil(min(100.0, max(sms)) - 1e-9) / 100 if len(sms) >= config.min_jobs else None
     if job_class is None and vram is None and sm is None:
         return None
     return LearnedEntry(uid, user, pattern, job_class, vram, sm, max(len(peaks), len(sms)), class_jobs, p95, p50)
 
 
-def _learned_class(jobs: Sequence[HistoryJob], config: LearnedConfig, known: frozenset[str]) -> tuple[str | None, int]:
+def _learned_class(jobs: Sequence[LearnedJob], config: LearnedConfig, known: frozenset[str]) -> tuple[str | None, int]:
     """The dominant stamped class and how many jobs were evidence (see the module docstring)."""
     counts: dict[str, int] = {}
     for job in jobs:
-        stamp = trusted_tags(job.admin_comment)
-        cls = stamp.get("class", UNKNOWN_CLASS)
-        if stamp.get(LEARNED_STAMP_KEY) or cls not in known:
-            continue
-        counts[cls] = counts.get(cls, 0) + 1
+        cls = job.stamped_class
+        if cls is not None and cls in known:
+            counts[cls] = counts.get(cls, 0) + 1
     evidence = sum(counts.values())
     if evidence < config.min_jobs:
         return None, evidence

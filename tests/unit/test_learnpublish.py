@@ -33,25 +33,42 @@ class Answer:
     stdout: str
 
 
+# sacct's short state names -> the JSON's (the ones FakeSacct's jobs use).
+STATE_NAMES = {"CD": "COMPLETED", "F": "FAILED", "TO": "TIMEOUT", "OOM": "OUT_OF_MEMORY", "NF": "NODE_FAIL",
+               "CA": "CANCELLED", "PR": "PREEMPTED", "DL": "DEADLINE", "R": "RUNNING", "PD": "PENDING", "RQ": "REQUEUED"}
+
+
 class FakeSacct:
-    """`sacct --json` answering every window with the jobs active in it (as sacct does); records the calls."""
+    """`sacct --json` as slurmdbd selects: without `--state` the jobs active in the window, with it
+    the jobs in those states that ended in it (`time_end between S and E`); records the calls."""
 
     def __init__(self) -> None:
         self.rows: list[dict[str, str]] = []
         self.calls: list[Sequence[str]] = []
 
     def add(self, job_id: int, name: str, user: str = "aigc-alice", stamp: str = "aigc_class=imagegen",
-            end: float = NOW - 3600, gpus: str = "gres/gpu=1") -> None:
-        self.rows.append({"JobID": str(job_id), "JobName": name, "User": user, "State": "COMPLETED",
-                          "Submit": iso(end - 900), "Start": iso(end - 600), "End": iso(end),
+            end: float | None = NOW - 3600, gpus: str = "gres/gpu=1", state: str = "COMPLETED",
+            start: float | None = None) -> None:
+        began = (NOW if end is None else end) - 600 if start is None else start
+        self.rows.append({"JobID": str(job_id), "JobName": name, "User": user, "State": state,
+                          "Submit": iso(began - 300), "Start": iso(began), "End": "Unknown" if end is None else iso(end),
                           "AllocTRES": f"cpu=1,{gpus}", "AdminComment": stamp, "ElapsedRaw": "600"})
 
     def run(self, tool: str, args: Sequence[str]) -> Answer:
         assert tool == "sacct"
         self.calls.append(args)
-        start = next(a for a in args if a.startswith("--starttime=")).split("=", 1)[1]
-        end = next(a for a in args if a.startswith("--endtime=")).split("=", 1)[1]
-        return Answer(sacct_json([r for r in self.rows if r["Start"] < end and r["End"] >= start]))  # active in it
+        start, end = option(args, "--starttime"), option(args, "--endtime")
+        states = option(args, "--state")
+        if states is None:
+            rows = [r for r in self.rows if r["Start"] < end and (r["End"] == "Unknown" or r["End"] >= start)]
+        else:
+            wanted = {STATE_NAMES[s] for s in states.split(",")}
+            rows = [r for r in self.rows if r["State"] in wanted and r["End"] != "Unknown" and start <= r["End"] <= end]
+        return Answer(sacct_json(rows))
+
+
+def option(args: Sequence[str], name: str) -> Any:
+    return next((a.split("=", 1)[1] for a in args if a.startswith(name + "=")), None)
 
 
 @pytest.fixture
@@ -96,11 +113,11 @@ def test_later_runs_read_only_what_is_new_and_forget_what_is_too_old(tmp_path: P
         add_samples(db, 100 + i, 6000.0, 40.0, end=NOW - 13 * 86400)
     clock = [NOW]
     run = learner(tmp_path, sacct, db, clock)
-    assert len(run.tick()) == 1 and len(sacct.calls) == 14  # 14 days, one window per day
+    assert len(run.tick() or []) == 1 and len(sacct.calls) == 56  # 14 days, one window per 6 hours
     clock[0] = NOW + 2 * 86400  # the five jobs are now 15 days old
     sacct.calls.clear()
     assert run.tick() == []
-    assert len(sacct.calls) <= 3  # only since the last read, minus an hour's overlap
+    assert len(sacct.calls) == 9  # only since the last read, minus an hour's overlap: 49 h in 6-hour windows
     assert parse_table((tmp_path / "out" / "learned.txt").read_bytes()) == []
 
 
@@ -138,7 +155,7 @@ def test_the_controller_runs_the_learner_only_when_the_policy_enables_it(tmp_pat
 
     table = tmp_path / "table.txt"
     document = yaml.safe_load(shipped_policy().read_text())
-    document["learned"].update(file=str(table))
+    document["learned"].update(file=str(table), max_age_days=1)
     off, on = tmp_path / "off.yaml", tmp_path / "on.yaml"
     off.write_text(yaml.safe_dump(document))
     document["learned"]["enabled"] = True
@@ -148,5 +165,6 @@ def test_the_controller_runs_the_learner_only_when_the_policy_enables_it(tmp_pat
     assert _with_learner(None, sacct, db_url, str(off), False) is None  # type: ignore[arg-type]
     hooks = _with_learner(None, sacct, db_url, str(on), False)  # type: ignore[arg-type]
     assert hooks is not None and hooks.nodes_seen() is None
-    hooks.tick(None, None)
-    assert table.exists() and sacct.calls
+    for _ in range(10):  # in the loop: one sacct window per tick until the day is read, then every interval_s
+        hooks.tick(None, None)
+    assert table.exists() and 4 <= len(sacct.calls) <= 5  # 4 windows, and the seconds the real clock moved on
