@@ -654,37 +654,59 @@ end
 -- features (a line of the feature alone is trusted as before); re-read at most every
 -- `refresh_seconds`.
 --
+-- The listing is trusted only while it is fresh. Its first line, `# written <epoch>`, is when
+-- the publisher last wrote it, and a live publisher rewrites it every cycle. After a slurmctld
+-- restart or `scontrol reconfigure` Slurm has forgotten every model feature, and only a live
+-- publisher puts them back; a stopped or failing one (controller down, database down, dry-run,
+-- `--no-publisher`) leaves the old listing behind. A listing older than `max_age_seconds`
+-- (three publisher cycles plus `refresh_seconds`, rendered by slurm_aigc/policy/render.py),
+-- dated that far ahead of our clock, or without the line (an older publisher) counts as empty:
+-- no --prefer, the job goes through as the user wrote it.
+--
 -- This cache is the hook's only state that outlives a call. Slurm 23.02+ may run job_submit
 -- calls concurrently, but job_submit/lua serialises every call into its one Lua state with
 -- its own mutex (Lua states are not thread-safe), so no two calls interleave here. A read
 -- still replaces the cache whole, only once it is complete: an error half-way through
 -- (caught by the entry's pcall) leaves the previous listing and its time in place.
-local published, published_read_at = nil, nil
+local published, published_written, published_read_at = nil, nil, nil
+local NOTHING_PUBLISHED = {}
 
+local function add_published_line(listing, line)
+    local word, rest = match(line, "^%s*([%w_%.%-]+)(.*)$")
+    if not word then return end
+    local set = { ANY = not match(rest, "%S") }
+    for other in string.gmatch(rest, "[%w_%.%-]+") do set[other] = true end
+    local sets = listing[word] or {}
+    sets[#sets + 1] = set
+    listing[word] = sets
+end
+
+-- (listing, the header's epoch or nil).
 local function read_published(path)
-    local listing = {}
+    local listing, written, first = {}, nil, true
     local handle = io.open(path, "r")
-    if not handle then return listing end
+    if not handle then return listing, nil end
     for line in handle:lines() do
-        local word, rest = match(line, "^%s*([%w_%.%-]+)(.*)$")
-        if word then
-            local set = { ANY = not match(rest, "%S") }
-            for other in string.gmatch(rest, "[%w_%.%-]+") do set[other] = true end
-            local sets = listing[word] or {}
-            sets[#sets + 1] = set
-            listing[word] = sets
-        end
+        if first then written = tonumber(match(line, "^# written (%d+)%s*$")) end
+        first = false
+        add_published_line(listing, line)
     end
     handle:close()
-    return listing
+    return listing, written
 end
 
 local function published_features(cfg)
     if not cfg.published_features_file then return nil end
     local now = os.time()
-    if published_read_at and now - published_read_at < cfg.refresh_seconds then return published end
-    local listing = read_published(cfg.published_features_file)
-    published, published_read_at = listing, now
+    if not (published_read_at and now - published_read_at < cfg.refresh_seconds) then
+        local listing, written = read_published(cfg.published_features_file)
+        published, published_written, published_read_at = listing, written, now
+    end
+    local written, max_age = published_written, cfg.max_age_seconds
+    if not written or now - written > max_age or written - now > max_age then
+        if DEBUG then log_debug("aigc: published features listing is stale or has no header; no --prefer") end
+        return NOTHING_PUBLISHED
+    end
     return published
 end
 

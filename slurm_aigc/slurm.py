@@ -157,6 +157,25 @@ def node_from_json(node: JsonObject) -> NodeInfo:
     )
 
 
+def active_features_after(current: NodeInfo, features: Sequence[str]) -> tuple[str, ...]:
+    """The ActiveFeatures to write with `AvailableFeatures=<features>` on `current`.
+
+    Without a node_features plugin slurmctld keeps ActiveFeatures equal to AvailableFeatures,
+    and so does this: `features` as given. With one (helpers, knl_*) the active list is the
+    mode the node booted in, a subset of the available ones; only what changes in the
+    available list changes in it, every other active feature stays (docs/daemons.md has
+    slurmctld's rules, 22.05 to 26.05). Never an active feature outside `features`:
+    slurmctld refuses the whole update then (ESLURM_ACTIVE_FEATURE_NOT_SUBSET). An empty
+    active list reads as "the available ones", as slurmctld's update_node treats a NULL one.
+    """
+    before, after = set(current.available_features), set(features)
+    if not current.active_features or set(current.active_features) == before:
+        return tuple(features)
+    kept = [f for f in current.active_features if f in after]  # what we withdraw leaves both lists
+    added = [f for f in features if f not in before and f not in kept]
+    return tuple(kept + added)
+
+
 def _null_empty(value: str | None) -> str:
     return "" if value in (None, "(null)") else str(value)
 
@@ -247,12 +266,17 @@ class SlurmCli:
             raise SlurmParseError(f"scontrol show node {name} returned nothing")
         return nodes[0]
 
-    def update_node(self, name: str, *, features: Sequence[str] | None = None, weight: int | None = None) -> None:
-        """`scontrol update NodeName=N AvailableFeatures=.. ActiveFeatures=.. Weight=..`."""
+    def update_node(self, name: str, *, features: Sequence[str] | None = None, weight: int | None = None,
+                    current: NodeInfo | None = None) -> None:
+        """`scontrol update NodeName=N AvailableFeatures=.. ActiveFeatures=.. Weight=..`.
+
+        `current`: the node as listed just before (`active_features_after`); None writes
+        `features` as ActiveFeatures too, right only where no node_features plugin runs.
+        """
         args = ["update", f"NodeName={name}"]
         if features is not None:
-            joined = ",".join(features)
-            args += [f"AvailableFeatures={joined}", f"ActiveFeatures={joined}"]
+            active = features if current is None else active_features_after(current, features)
+            args += [f"AvailableFeatures={','.join(features)}", f"ActiveFeatures={','.join(active)}"]
         if weight is not None:
             args.append(f"Weight={weight}")
         self.run("scontrol", args)

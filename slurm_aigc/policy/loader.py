@@ -32,6 +32,7 @@ from slurm_aigc.policy.model import (
     NvlinkRule,
     Policy,
     Rewrites,
+    ScoringConfig,
     ShardRule,
     Toggle,
     VramFitRule,
@@ -121,10 +122,28 @@ def parse_policy(root: Node, *, hook_sections: bool = True, simgpu_dir: str | No
         storage=storage_section(section(root, "storage")),
         reclaim=replace(reclaim, shards_per_gpu={t.name: t.shards_per_gpu for t in inventory.gpu_types},
                         gib_per_shard={t.name: t.gib_per_shard for t in inventory.gpu_types if t.shards_per_gpu}),
-        scoring=scoring_section(section(root, "scoring"), rewrites.model_prefer.published_features_file),
+        scoring=_checked_grace(root, scoring_section(section(root, "scoring"), rewrites.model_prefer.published_features_file),
+                               rewrites.model_prefer),
         agent=agent_section(section(root, "agent"), simgpu_dir),
         learned=learned_section(section(root, "learned")),
     )
+
+
+def _checked_grace(root: Node, scoring: ScoringConfig, prefer: ModelPreferRule) -> ScoringConfig:
+    """`scoring.model_unlist_grace_s` must outlast the hook's cache of the listing.
+
+    The publisher unlists a model, then removes the feature a grace later; a hook that read the
+    listing just before the unlisting keeps it `refresh_seconds`. A grace no longer than that
+    lets the hook --prefer a feature Slurm no longer has, and Slurm rejects the job.
+    """
+    refresh = prefer.refresh_seconds
+    if prefer.enabled and refresh > 0 and scoring.model_unlist_grace_s <= refresh:
+        raise ConfigError(
+            root.source, "scoring.model_unlist_grace_s",
+            f"must be longer than rewrites.model_prefer.refresh_seconds ({refresh} s), got "
+            f"{scoring.model_unlist_grace_s:g}: a hook that read the listing before the publisher unlisted a model "
+            f"would --prefer it after Slurm dropped it, and Slurm rejects such a job")
+    return scoring
 
 
 def _check_daemon_classes(root: Node, known: set[str]) -> None:
@@ -306,8 +325,11 @@ def _model_prefer(node: Node) -> ModelPreferRule:
     mapping(node, {"enabled", "feature_prefix", "published_features_file", "refresh_seconds"})
     base = ModelPreferRule()
     prefix = get(node, "feature_prefix", str, base.feature_prefix)
-    if not re.match(r"^[A-Za-z0-9_.-]*$", prefix):
-        raise node.child("feature_prefix").error(f"letters, digits, _ . - only, got {prefix!r}")
+    if prefix != base.feature_prefix:  # kept in the grammar only so that files stating it still load
+        raise node.child("feature_prefix").error(
+            f"must be {base.feature_prefix!r}, got {prefix!r}: the publisher names the features it writes "
+            f"{base.feature_prefix}<id> (slurm_aigc/telemetry/features.py), and Slurm rejects a job whose "
+            f"--prefer names a feature no node has; delete the key")
     path = absolute_path(node, "published_features_file", base.published_features_file)
     refresh = integer(node, "refresh_seconds", base.refresh_seconds, minimum=0)
     return ModelPreferRule(flag(node, "enabled", base.enabled), prefix, path, refresh)

@@ -292,6 +292,9 @@ class ScoringConfig:
     published_features_file: str | None = None
     model_linger_s: float = 300.0
     model_unlist_grace_s: float = 30.0
+    # model_<id> features on one node at most: a running job's owner can rewrite its `model=`
+    # at will, and each name would linger on the node (publish_plan.cap_sightings).
+    max_models_per_node: int = 8
     policies: Mapping[str, float] = field(default_factory=_default_scorers)
 
     def policy_weights(self) -> Mapping[str, float]:

@@ -111,6 +111,24 @@ def _rule(rule: DetectionRule) -> dict[str, LuaValue]:
     }
 
 
+# Publisher cycles a published-features listing may miss before the hook stops trusting it.
+LISTING_CYCLES = 3
+
+
+def listing_max_age_s(policy: Policy) -> int:
+    """Seconds after its header's time (`# written <epoch>`) that the hook still trusts the listing.
+
+    A live publisher rewrites it every cycle: every `scoring.interval_s`, on a controller loop
+    that ticks every `reclaim.poll_interval_s` (so the interval rounded up to whole ticks). Three
+    cycles, plus the hook's own cache (`refresh_seconds`), so one late or failed cycle does not
+    turn preferences off; a stopped publisher, a database outage, dry-run or `--no-publisher`
+    does, before Slurm (restarted or reconfigured meanwhile) refuses a --prefer it forgot.
+    """
+    tick = policy.reclaim.poll_interval_s
+    cycle = math.ceil(policy.scoring.interval_s / tick) * tick
+    return math.ceil(LISTING_CYCLES * cycle + policy.rewrites.model_prefer.refresh_seconds)
+
+
 def policy_table(policy: Policy) -> dict[str, LuaValue]:
     """The data the hook reads as `P` (everything precomputed that can be)."""
     r, h = policy.rewrites, policy.hook
@@ -133,6 +151,7 @@ def policy_table(policy: Policy) -> dict[str, LuaValue]:
                 "enabled": r.model_prefer.enabled, "feature_prefix": r.model_prefer.feature_prefix,
                 "published_features_file": r.model_prefer.published_features_file,
                 "refresh_seconds": r.model_prefer.refresh_seconds,
+                "max_age_seconds": listing_max_age_s(policy),
             },
             "class_defaults": {"enabled": r.class_defaults.enabled},
         },

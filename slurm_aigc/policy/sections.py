@@ -9,6 +9,7 @@ key path. `slurm_aigc.policy.loader` calls these; nothing else reads the file.
 from __future__ import annotations
 
 import ipaddress
+import math
 import signal
 from collections.abc import Mapping
 from dataclasses import fields, replace
@@ -238,6 +239,7 @@ def scoring_section(node: Node, hook_listing: str | None = None) -> ScoringConfi
         published_features_file=absolute_path(node, "published_features_file", hook_listing),
         model_linger_s=number(node, "model_linger_s", base.model_linger_s, minimum=0),
         model_unlist_grace_s=number(node, "model_unlist_grace_s", base.model_unlist_grace_s, minimum=0),
+        max_models_per_node=integer(node, "max_models_per_node", base.max_models_per_node, minimum=1),
         policies=_scorers(node.child("policies")) if node.value.get("policies") is not None else base.policies,
     )
 
@@ -259,6 +261,15 @@ def storage_section(node: Node) -> StorageConfig:
     return StorageConfig(number(node, "raw_retention_hours", base.raw_retention_hours, above=0, what="number of hours"))
 
 
+# The hook reads the whole learned table inside slurmctld, under the lock every job_submit
+# call takes: ~42 ms for 10,000 entries in Lua 5.1 (docs/hook.md, "Performance"), so 4.2 us a
+# line. Re-reading every `refresh_seconds` may take at most 1 % of slurmctld's time, and a
+# table may hold at most 100,000 entries (~0.4 s a read).
+LEARNED_READ_S_PER_ENTRY = 0.042 / 10_000
+LEARNED_READ_SHARE = 0.01
+LEARNED_MAX_ENTRIES = 100_000
+
+
 def learned_section(node: Node) -> LearnedConfig:
     """`learned:` (defaults for untagged jobs, slurm_aigc/telemetry/learned.py); off unless enabled."""
     mapping(node, {f.name for f in fields(LearnedConfig)})
@@ -267,15 +278,30 @@ def learned_section(node: Node) -> LearnedConfig:
     path = absolute_path(node, "file", base.file)
     if path is None:  # the hook and the controller must agree on one file; `enabled: false` turns it off
         raise node.child("file").error("expected an absolute path (turn learning off with enabled: false)")
+    max_entries = integer(node, "max_entries", base.max_entries, minimum=1, maximum=LEARNED_MAX_ENTRIES)
     return LearnedConfig(
         enabled=flag(node, "enabled", base.enabled),
         file=path,
         min_jobs=integer(node, "min_jobs", base.min_jobs, minimum=1),
         max_age_days=number(node, "max_age_days", base.max_age_days, above=0, what="number of days"),
-        max_entries=integer(node, "max_entries", base.max_entries, minimum=1, maximum=1_000_000),
-        refresh_seconds=integer(node, "refresh_seconds", base.refresh_seconds, minimum=0),
+        max_entries=max_entries,
+        refresh_seconds=_learned_refresh(node, base.refresh_seconds, max_entries),
         interval_s=number(node, "interval_s", base.interval_s, above=0),
         vram_margin_pct=number(node, "vram_margin_pct", base.vram_margin_pct, minimum=0, maximum=1000, what="percentage"),
         max_vram_spread=number(node, "max_vram_spread", base.max_vram_spread, minimum=1, what="ratio (p95 / median)"),
         min_class_share=number(node, "min_class_share", base.min_class_share, above=0.5, maximum=1, what="fraction"),
     )
+
+
+def _learned_refresh(node: Node, default: int, max_entries: int) -> int:
+    """`learned.refresh_seconds`: 0 (re-read at every submit: test setups), else long enough that
+    re-reading a full table costs slurmctld at most `LEARNED_READ_SHARE` of its time."""
+    seconds = integer(node, "refresh_seconds", default, minimum=0)
+    least = math.ceil(round(max_entries * LEARNED_READ_S_PER_ENTRY / LEARNED_READ_SHARE, 6))  # 42.000000001 is 42
+    if 0 < seconds < least:
+        raise node.child("refresh_seconds").error(
+            f"expected at least {least} s with max_entries {max_entries}, got {seconds}: the hook re-reads up to "
+            f"{max_entries} lines inside slurmctld (~{max_entries * LEARNED_READ_S_PER_ENTRY * 1000:.0f} ms, "
+            f"docs/hook.md), and more often than that would cost over 1 % of its time; lower max_entries or "
+            f"raise refresh_seconds")
+    return seconds

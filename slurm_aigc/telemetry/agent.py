@@ -290,7 +290,8 @@ class Agent:
         `types` (the GPU types among `wanted`) are recorded before the update and kept after it as
         long as Slurm has them.
         """
-        current = self._slurm.node(self.node).available_features
+        listed = self._slurm.node(self.node)
+        current = listed.available_features
         self._last_check = self._clock()
         merged = feat.merge_features(current, wanted, judged)
         if feat.same_features(merged, current):
@@ -304,7 +305,7 @@ class Agent:
             LOG.info("dry-run: would update %s: %s", self.node, reason)
         else:
             self._types.keep(self._types.names | types)  # first: a crash after the update must not orphan a name
-            self._slurm.update_node(self.node, features=merged)
+            self._slurm.update_node(self.node, features=merged, current=listed)  # keeps a features plugin's active ones
             LOG.info("agent: updated %s: %s", self.node, reason)
             self._metrics.count_publication(self.node)
             self._record_types(merged, types)

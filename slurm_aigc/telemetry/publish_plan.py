@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from slurm_aigc.slurmrecords import JobInfo, NodeInfo
-from slurm_aigc.tags import UNKNOWN_CLASS, comment_tags, trusted_class
+from slurm_aigc.tags import comment_tags, trusted_tags
 from slurm_aigc.telemetry import features as feat
 from slurm_aigc.telemetry.config import ScoringConfig
 from slurm_aigc.telemetry.gres import (
@@ -45,19 +45,26 @@ def parse_comment_tags(comment: str) -> dict[str, str]:
 
 
 def served_model(job: JobInfo, serving_classes: Iterable[str]) -> str | None:
-    """The model a running job serves: its `model=` tag, unless its class is not a serving one."""
+    """The model a running job serves: its `model=` tag, when its class is a serving one.
+
+    The class is the hook's stamp (slurm_aigc.tags), never the comment. A job the hook stamped
+    `unknown` does not serve: it has no `type=` tag and no detection rule called it serving,
+    while its owner can rewrite the comment's `model=` as it runs. A job without any stamp
+    (the hook is not installed, or the job predates it) counts, as before: there the class is
+    not known at all, and `max_models_per_node` bounds what such jobs can add.
+    """
     model = parse_comment_tags(job.comment).get("model")
     if not model:
         return None
-    job_class = trusted_class(job.admin_comment)  # the hook's stamp (slurm_aigc.tags), never the comment
-    if job_class != UNKNOWN_CLASS and job_class not in set(serving_classes):
+    job_class = trusted_tags(job.admin_comment).get("class")
+    if job_class is not None and job_class not in set(serving_classes):
         return None
     return model
 
 
-def models_by_node(jobs: Iterable[JobInfo], serving_classes: Sequence[str]) -> dict[str, frozenset[str]]:
-    """Model features per node from the running jobs' comment tags."""
-    found: dict[str, set[str]] = {}
+def model_jobs_by_node(jobs: Iterable[JobInfo], serving_classes: Sequence[str]) -> dict[str, dict[str, int]]:
+    """Per node, each model feature its running jobs serve and how many of them serve it."""
+    found: dict[str, dict[str, int]] = {}
     for job in jobs:
         if job.state not in _RUNNING_STATES:
             continue
@@ -66,8 +73,19 @@ def models_by_node(jobs: Iterable[JobInfo], serving_classes: Sequence[str]) -> d
         if name is None:
             continue
         for node in expand_nodes(job.node_list):
-            found.setdefault(node, set()).add(name)
-    return {node: frozenset(names) for node, names in found.items()}
+            counts = found.setdefault(node, {})
+            counts[name] = counts.get(name, 0) + 1
+    return found
+
+
+def models_by_node(jobs: Iterable[JobInfo], serving_classes: Sequence[str]) -> dict[str, frozenset[str]]:
+    """Model features per node from the running jobs' comment tags (uncapped)."""
+    return {node: frozenset(counts) for node, counts in model_jobs_by_node(jobs, serving_classes).items()}
+
+
+def top_models(counts: Mapping[str, int], limit: int) -> frozenset[str]:
+    """The `limit` models with the most jobs (ties by name): a node's cap without history."""
+    return frozenset(sorted(counts, key=lambda name: (-counts[name], name))[:limit])
 
 
 # --------------------------------------------------------------------------- views
@@ -221,12 +239,16 @@ def plan_cycle(
 ) -> list[NodePlan]:
     """The pure core of one publisher cycle: every GPU node's plan, unchanged nodes left out.
 
-    `lingering`: model features to keep per node although no running job serves them now;
-    `restore`: static features to put back per node (`remember_static`).
+    `lingering`: every model feature to publish per node, served or lingering, already capped
+    (the publisher's `cap_sightings`); None: the models `jobs` serve, at most
+    `max_models_per_node` per node, those with the most jobs. `restore`: static features to
+    put back per node (`remember_static`).
     """
-    models = dict(lingering or {})
-    for node_name, served in models_by_node(jobs, config.serving_classes).items():
-        models[node_name] = models.get(node_name, frozenset()) | served
+    if lingering is None:
+        served = model_jobs_by_node(jobs, config.serving_classes)
+        models = {name: top_models(counts, config.max_models_per_node) for name, counts in served.items()}
+    else:
+        models = dict(lingering)
     plans = []
     for node in nodes:
         islands = islands_of(node.name) if islands_of else None
@@ -259,6 +281,42 @@ def record_sightings(sightings: ModelSightings, served: Mapping[str, frozenset[s
         for feature in features:
             updated[(node_name, feature)] = now
     return updated
+
+
+def cap_sightings(sightings: ModelSightings, served: Mapping[str, Mapping[str, int]], now: float, linger_s: float,
+                  grace_s: float, limit: int) -> ModelSightings:
+    """`sightings` with this cycle's served models, at most `limit` model features per node.
+
+    A node's candidates (its served models and those kept from before) are ranked: the most
+    recently seen first (a served one is seen now), then the most jobs, then by name; the
+    first `limit` are wanted. A served, wanted model is seen now. A kept model that is not
+    wanted is treated as last seen one linger ago: unlisted at once and removed a grace
+    later, as any model leaving (the hook may have read it a refresh ago; Slurm refuses a
+    --prefer no node has). A new model is added only while the node holds fewer than `limit`,
+    those leaving included, so Slurm never shows more than `limit` on a node we wrote. An
+    owner who rewrites a running job's `model=` each cycle therefore cannot grow the list;
+    at worst the newest of such names take the place of models no job serves any more.
+    """
+    by_node: dict[str, dict[str, float]] = {node: {} for node in served}
+    for (node, feature), seen in sightings.items():
+        if now - seen < linger_s + grace_s:
+            by_node.setdefault(node, {})[feature] = seen
+    return {(node, feature): seen for node, kept in by_node.items()
+            for feature, seen in _cap_node(kept, served.get(node, {}), now, linger_s, limit).items()}
+
+
+def _cap_node(kept: Mapping[str, float], counts: Mapping[str, int], now: float, linger_s: float,
+              limit: int) -> dict[str, float]:
+    """One node's part of `cap_sightings`: model feature -> when last seen."""
+    def rank(feature: str) -> tuple[float, int, str]:
+        return -(now if feature in counts else kept[feature]), -counts.get(feature, 0), feature
+
+    wanted = sorted(set(kept) | set(counts), key=rank)[:limit]
+    result = {feature: (now if feature in counts else seen) if feature in wanted else min(seen, now - linger_s)
+              for feature, seen in kept.items()}
+    arriving = [feature for feature in wanted if feature not in kept]
+    result.update((feature, now) for feature in arriving[:max(limit - len(kept), 0)])
+    return result
 
 
 def lingering_models(sightings: ModelSightings, now: float, keep_s: float) -> dict[str, frozenset[str]]:

@@ -10,9 +10,11 @@ Each cycle (`Publisher.tick`, run by `slurm-aigc controller`):
    `features.py`), and put back the agents' static features Slurm lost (`remember_static`);
 3. write a node through `scontrol update` only when its feature set differs or its weight
    moved by at least the hysteresis band, and always when Slurm lost what we wrote (after
-   `scontrol reconfigure` or a slurmctld restart, Slurm forgets `scontrol update`);
+   `scontrol reconfigure` or a slurmctld restart, Slurm forgets `scontrol update`); at most
+   `max_writes_per_cycle` nodes a cycle, the least recently written first;
 4. record each change in `node_publications`, right before its write (and take the row out
-   again when Slurm refuses the write). In dry-run nothing is
+   again when Slurm refuses the write), and rewrite the hook's published-features file with
+   the time in its header (a listing the hook finds too old prefers nothing). In dry-run nothing is
    written to Slurm: the cycle's changes are logged and recorded at once with `dry_run` set (one
    transaction: ~190 of them a cycle at 1,000 nodes cost 0.4-1 s of commits on MariaDB), and
    remembered so each is logged once.
@@ -27,6 +29,7 @@ controller passes its listings of the same tick), one more when features change,
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -43,12 +46,14 @@ from slurm_aigc.telemetry.publish_plan import (
     IslandSource,
     ModelSightings,
     NodePlan,
+    cap_sightings,
     dynamic_features,
     island_use,
     islands_from_features,
     lingering_models,
     listable_models,
     merge_ours,
+    model_jobs_by_node,
     models_by_node,
     node_view,
     parse_comment_tags,
@@ -65,17 +70,29 @@ LOG = logging.getLogger(__name__)
 
 # The planner's names, importable from here as before the split.
 __all__ = [
-    "IslandSource", "ModelSightings", "NodePlan", "Publisher", "dynamic_features", "island_use",
-    "islands_from_features", "lingering_models", "listable_models", "models_by_node", "node_view",
+    "LISTING_HEADER", "IslandSource", "ModelSightings", "NodePlan", "Publisher", "dynamic_features", "island_use",
+    "islands_from_features", "lingering_models", "listable_models", "listing_lines", "models_by_node", "node_view",
     "open_publisher", "parse_comment_tags", "plan_cycle", "plan_node", "published_lines",
     "record_sightings", "served_model", "write_lines_atomically",
 ]
+
+
+# The listing's first line: when the publisher wrote it (whole seconds since the epoch, the
+# hook's `os.time()`). The hook prefers nothing from a listing older than its bound or without
+# this line: after a slurmctld restart or reconfigure Slurm has forgotten the model features,
+# and only a live publisher puts them back (docs/hook.md, "Model preference").
+LISTING_HEADER = "# written {epoch}"
 
 
 def write_lines_atomically(path: Path, lines: Sequence[str]) -> None:
     """Replace `path` by `lines` (temp file + rename), world-readable for slurmctld's hook."""
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, "".join(f"{line}\n" for line in lines), mode=0o644)
+
+
+def listing_lines(lines: frozenset[str], written_at: float) -> list[str]:
+    """The published-features file: the header with `written_at`, then `lines` sorted."""
+    return [LISTING_HEADER.format(epoch=int(written_at)), *sorted(lines)]
 
 
 class Publisher:
@@ -109,6 +126,10 @@ class Publisher:
         self._simulated: dict[str, tuple[tuple[str, ...] | None, int | None]] = {}
         self._listed: dict[str, frozenset[str]] = {}
         self._sightings: ModelSightings = {}
+        # When each node was last written (or a write was tried): the rate limit serves the
+        # least recently written first, so nodes late in Slurm's order are not starved. In
+        # memory: a restart starts every node equal, in listing order.
+        self._written_at: dict[str, float] = {}
         self._static_seen: dict[str, tuple[str, ...]] = {}
         # The last cycle's node listing as Slurm gave it (a new tuple each cycle): the reclaim
         # controller takes its shards-per-GPU inventory from it instead of listing again.
@@ -152,47 +173,62 @@ class Publisher:
             jobs = self._slurm.jobs()
         utils = self._store.mean_util_by_node(now - self.config.window_s)
         self._remember_islands(nodes)
-        linger, grace = self.config.model_linger_s, self.config.model_unlist_grace_s
-        served = models_by_node(jobs, self.config.serving_classes)
-        self._sightings = record_sightings(self._sightings, served, nodes, now, linger)
-        keep = lingering_models(self._sightings, now, linger + grace)
-        self._sightings = {key: seen for key, seen in self._sightings.items() if now - seen < linger + grace}
-        listable = listable_models(self._sightings, now, linger)
+        keep, listable = self._models(jobs, nodes, now)
         self._static_seen, restore = remember_static(self._static_seen, nodes)
         plans = plan_cycle(nodes, jobs, utils, self._last_weights, self.config, self._islands, keep, restore)
         # The hook may --prefer only features some node has (else Slurm rejects the job):
         # unlist a vanishing model a grace before Slurm loses it, list a new one once Slurm has it.
-        self._list_models(published_lines(nodes, plans, True, listable))
-        applied: list[NodePlan] = []
-        failures: list[AigcError] = []
-        current = self._current_features(plans)
-        for index, plan in enumerate(plans):
-            if len(applied) >= self.config.max_writes_per_cycle:
-                # Rate limit: the rest still differ from Slurm next cycle and are planned again.
-                LOG.warning("up to %d node update(s) wait for the next cycle (scoring.max_writes_per_cycle = %d)",
-                            len(plans) - index, self.config.max_writes_per_cycle)
-                break
-            try:
-                done = self._apply(plan, now, current)
-            except AigcError as error:  # one node's failure must not starve the others
-                LOG.error("cannot update %s: %s", plan.node, error)
-                failures.append(error)
-                continue
-            if done is not None:
-                applied.append(done)
+        self._list_models(published_lines(nodes, plans, True, listable), now)
+        applied, failures = self._apply_all(plans, now, nodes)
         if self._dry_run and applied:
             self._store.record_publications([self._publication(plan, now) for plan in applied])
-        self._list_models(published_lines(nodes, applied, False, listable))
+        # Always rewritten (one small file): its header says a live publisher ran this cycle.
+        self._list_models(published_lines(nodes, applied, False, listable), now, always=True)
         if failures:
             raise failures[0]  # the loop logs it and backs off; the other nodes were written
         return applied
 
-    def _list_models(self, lines: frozenset[str]) -> None:
-        """Write `published_features_file` (see `published_lines`) when its content changes."""
+    def _models(self, jobs: Sequence[JobInfo], nodes: Sequence[NodeInfo], now: float,
+                ) -> tuple[dict[str, frozenset[str]], frozenset[tuple[str, str]]]:
+        """(model features to publish per node, (node, feature) pairs the hook may --prefer)."""
+        linger, grace = self.config.model_linger_s, self.config.model_unlist_grace_s
+        served = model_jobs_by_node(jobs, self.config.serving_classes)
+        sightings = record_sightings(self._sightings, {}, nodes, now, linger)
+        self._sightings = cap_sightings(sightings, served, now, linger, grace, self.config.max_models_per_node)
+        return lingering_models(self._sightings, now, linger + grace), listable_models(self._sightings, now, linger)
+
+    def _apply_all(self, plans: Sequence[NodePlan], now: float, nodes: Sequence[NodeInfo],
+                   ) -> tuple[list[NodePlan], list[AigcError]]:
+        """Apply `plans`, the least recently written node first, at most `max_writes_per_cycle`."""
+        applied: list[NodePlan] = []
+        failures: list[AigcError] = []
+        listed = {node.name: node for node in nodes} | self._current_nodes(plans)
+        order = sorted(plans, key=lambda plan: self._written_at.get(plan.node, -math.inf))  # stable: ties keep Slurm's order
+        for index, plan in enumerate(order):
+            if len(applied) + len(failures) >= self.config.max_writes_per_cycle:
+                # Rate limit: the rest still differ from Slurm next cycle and are planned again.
+                LOG.warning("up to %d node update(s) wait for the next cycle (scoring.max_writes_per_cycle = %d)",
+                            len(order) - index, self.config.max_writes_per_cycle)
+                break
+            try:
+                done = self._apply(plan, now, listed)
+            except AigcError as error:  # one node's failure must not starve the others
+                LOG.error("cannot update %s: %s", plan.node, error)
+                failures.append(error)
+                self._written_at[plan.node] = now  # tried: a node Slurm keeps refusing must not hold a slot
+                continue
+            if done is not None:
+                applied.append(done)
+                self._written_at[plan.node] = now
+        return applied, failures
+
+    def _list_models(self, lines: frozenset[str], now: float, always: bool = False) -> None:
+        """Write `published_features_file` (see `published_lines`) with its header: when its
+        content changes, and `always` (once a cycle, at its end) to renew the header's time."""
         path = self.config.published_features_file
-        if self._dry_run or path is None or lines == self._listed.get(path):
+        if self._dry_run or path is None or (lines == self._listed.get(path) and not always):
             return
-        write_lines_atomically(Path(path), sorted(lines))
+        write_lines_atomically(Path(path), listing_lines(lines, now))
         self._listed[path] = lines
 
     def _remember_islands(self, nodes: Sequence[NodeInfo]) -> None:
@@ -204,12 +240,14 @@ class Publisher:
         known = self._islands_of(name) if self._islands_of else None
         return known if known is not None else self._islands_seen.get(name)
 
-    def _apply(self, plan: NodePlan, now: float, current: Mapping[str, tuple[str, ...]]) -> NodePlan | None:
+    def _apply(self, plan: NodePlan, now: float, listed: Mapping[str, NodeInfo]) -> NodePlan | None:
+        """Write one plan; `listed`: every node as Slurm showed it last (right before the
+        writes when features change), whose active features the write keeps (update_node)."""
         if self._dry_run:
             LOG.info("dry-run: would update %s: %s", plan.node, plan.reason)
             self._remember_simulated(plan)
         else:
-            plan = refreshed(plan, current)
+            plan = refreshed(plan, {name: node.available_features for name, node in listed.items()})
             if not plan.changes:
                 return None
             # Recorded before it is done (a database that cannot record stops the writes); a
@@ -217,7 +255,8 @@ class Publisher:
             # weight Slurm lacks on record, which the next start's cycle sees and writes.
             row_id = self._store.record_publication(self._publication(plan, now))
             try:
-                self._slurm.update_node(plan.node, features=plan.features_after, weight=plan.weight_after)
+                self._slurm.update_node(plan.node, features=plan.features_after, weight=plan.weight_after,
+                                        current=listed.get(plan.node))
             except AigcError:
                 self._store.forget_publication(row_id)
                 raise
@@ -234,12 +273,12 @@ class Publisher:
             dry_run=self._dry_run,
         )
 
-    def _current_features(self, plans: Sequence[NodePlan]) -> dict[str, tuple[str, ...]]:
-        """Every node's features as Slurm has them now (the agents may have just written): one
+    def _current_nodes(self, plans: Sequence[NodePlan]) -> dict[str, NodeInfo]:
+        """Every node as Slurm has it now (the agents may have just written its features): one
         listing for the whole cycle, only when some plan changes features and not in dry-run."""
         if self._dry_run or not any(plan.features_after is not None for plan in plans):
             return {}
-        return {node.name: node.available_features for node in self._slurm.nodes()}
+        return {node.name: node for node in self._slurm.nodes()}
 
     def _remember_simulated(self, plan: NodePlan) -> None:
         dynamic, weight = self._simulated.get(plan.node, (None, None))

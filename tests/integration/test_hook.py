@@ -12,6 +12,7 @@ import pwd
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -197,7 +198,7 @@ def test_model_prefers_nodes_publishing_it(cluster: Any, hook_installed: Path, p
     node = cluster.slurm.node(serving)
     features = [f for f in node.available_features if f] + [f"model_{MODEL}"]
     cluster.slurm.update_node(serving, features=features)
-    published.write_text(f"model_{MODEL}\n")
+    published.write_text(f"# written {int(time.time())}\nmodel_{MODEL}\n")  # the publisher's header: fresh
     try:
         comment = f"aigc:type=infer,model={MODEL},vram=20G"
         jobs.append(submit(cluster, SLEEP, "--hold", "--gres=gpu:1", f"--comment={comment}"))

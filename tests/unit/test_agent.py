@@ -443,3 +443,27 @@ def test_slurm_allocation_lookup_reads_this_nodes_gpus(version: str) -> None:
     lookup = slurm_allocation_lookup(SlurmCli(runner=slurm), "dgx-01")
     assert (lookup("7"), lookup("8"), lookup("9")) == (frozenset({0, 1}), frozenset({3}), frozenset())
     assert len([call for call in slurm.calls if "--json" in call]) == 3  # one job-info RPC per lookup
+
+
+def test_the_agent_keeps_the_active_features_a_node_features_plugin_chose() -> None:
+    # node_features/helpers: the node booted in mode_a; mode_b is available, not active. The
+    # agent's write must not make mode_b active (Slurm applies ActiveFeatures as written).
+    node = FakeNode("dgx-01", features=["ib", "mode_a", "mode_b"])
+    slurm = FakeSlurm([node])
+
+    def runner(argv, timeout_s, stdin=None):  # type: ignore[no-untyped-def]
+        answer = slurm(argv, timeout_s, stdin)
+        if list(argv) == ["sinfo", "--json"]:
+            document = json.loads(answer.stdout)
+            for record in document["nodes"]:
+                record["active_features"] = ",".join(f for f in record["features"].split(",") if f != "mode_b")
+            answer = replace(answer, stdout=json.dumps(document))
+        return answer
+
+    Agent("dgx-01", backend(fakes.dgx_a100()), None, SlurmCli(runner=runner), AgentConfig(feature_check_s=60.0),
+          attribute=lambda pids: {}, split_uses=job_gpu_usage, parse_islands=islands, clock=Clock()).tick()
+    (update,) = [call for call in slurm.updates() if call[0] == "scontrol"]
+    available = next(a for a in update if a.startswith("AvailableFeatures=")).split("=", 1)[1].split(",")
+    active = next(a for a in update if a.startswith("ActiveFeatures=")).split("=", 1)[1].split(",")
+    assert "mode_b" in available and "mode_b" not in active
+    assert {"a100", "vram80g", "nvlink", "nvlink8"} <= set(active) and "mode_a" in active

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -145,7 +146,7 @@ def test_model_prefer_only_for_published_model_features(tmp_path: Path) -> None:
     hook = runtime_for(tmp_path)
     unpublished = submit(hook, comment="aigc:type=infer,model=llama3-8b", tres_per_node="gres:gpu:1")
     assert "prefer" not in unpublished.changes  # Slurm would reject an unknown --prefer feature
-    (tmp_path / "published-features.txt").write_text("model_llama3-8b\nmodel_sdxl\n")
+    write_listing(tmp_path / "published-features.txt", "model_llama3-8b\nmodel_sdxl\n")
     published = submit(hook, comment="aigc:type=infer,model=llama3-8b", tres_per_node="gres:gpu:1")
     assert published.changes["prefer"] == (None, "model_llama3-8b")
 
@@ -154,7 +155,7 @@ def test_a_retag_of_a_pending_job_keeps_the_prefer_it_cannot_see(tmp_path: Path)
     # The job record shows the hook no `prefer`: a re-tag adding model=M must not replace the
     # job's own --prefer=fast (which it would, as `<constraint>&model_M`, if it guessed).
     hook = runtime_for(tmp_path)
-    (tmp_path / "published-features.txt").write_text("model_m a100\n")
+    write_listing(tmp_path / "published-features.txt", "model_m a100\n")
     pending = {"job_state": 0, "name": "serve", "tres_per_node": "gres:gpu:1", "prefer": "fast",
                "admin_comment": "aigc_class=infer", "comment": "aigc:type=infer"}
     retag = hook.modify({"comment": "aigc:type=infer,model=m"}, pending, modify_uid=ALICE)
@@ -219,14 +220,14 @@ def test_model_prefer_only_when_a_node_serving_the_model_also_meets_the_constrai
     hook = runtime_for(tmp_path)
     listing = tmp_path / "published-features.txt"
     comment = "aigc:type=infer,model=sd-m0016,vram=10G,share=yes"  # 40-shard job: a100 only
-    listing.write_text("model_sd-m0016 t4 vram16g\n")
+    write_listing(listing, "model_sd-m0016 t4 vram16g\n")
     only_t4 = submit(hook, comment=comment, tres_per_node="gres:gpu:1")
     assert only_t4.accepted and only_t4.changes["features"] == (None, "a100")
     assert "prefer" not in only_t4.changes
-    listing.write_text("model_sd-m0016 t4 vram16g\nmodel_sd-m0016 a100 nvlink vram80g\n")
+    write_listing(listing, "model_sd-m0016 t4 vram16g\nmodel_sd-m0016 a100 nvlink vram80g\n")
     both = submit(hook, comment=comment, tres_per_node="gres:gpu:1")
     assert both.changes["prefer"] == (None, "a100&model_sd-m0016")
-    listing.write_text("model_sd-m0016\n")  # a bare line (older publisher): trusted as before
+    write_listing(listing, "model_sd-m0016\n")  # a bare line (older publisher): trusted as before
     assert submit(hook, comment=comment, tres_per_node="gres:gpu:1").changes["prefer"] == (None, "a100&model_sd-m0016")
 
 
@@ -495,3 +496,44 @@ def test_only_the_tag_declares_a_signal_user_stamp_words_are_dropped(hook: HookR
     record = {"job_state": 0, "comment": "aigc:type=train", "gres": "gres:gpu:1", "admin_comment": "aigc_class=train"}
     retag = hook.modify({"comment": "aigc:type=train,signal=B.USR1"}, record, modify_uid=ALICE)
     assert retag.rc == SUCCESS and "admin_comment" not in retag.after
+
+
+# --------------------------------------------------------------------------- a stale listing prefers nothing
+
+
+def write_listing(path: Path, lines: str, age_s: float = 0.0) -> None:
+    """The published-features file as the publisher writes it, `age_s` seconds ago."""
+    path.write_text(f"# written {int(time.time() - age_s)}\n{lines}")
+
+
+def test_a_stale_or_headerless_listing_prefers_nothing(tmp_path: Path) -> None:
+    # After a slurmctld restart Slurm has forgotten model_X; a listing no live publisher renewed
+    # still names it, and Slurm rejects a --prefer naming a feature no node has.
+    hook = runtime_for(tmp_path)
+    listing = tmp_path / "published-features.txt"
+    job = {"comment": "aigc:type=infer,model=llama3-8b", "tres_per_node": "gres:gpu:1"}
+    write_listing(listing, "model_llama3-8b a100\n")
+    assert submit(hook, **job).changes["prefer"] == (None, "model_llama3-8b")
+    # Shipped: scoring.interval_s 30 on a 10 s controller tick, refresh_seconds 0 here -> 90 s.
+    write_listing(listing, "model_llama3-8b a100\n", age_s=89)
+    assert submit(hook, **job).changes["prefer"] == (None, "model_llama3-8b")
+    for stale in ("# written 1000\nmodel_llama3-8b a100\n",  # the publisher stopped long ago
+                  "model_llama3-8b a100\n",  # no header: an older publisher
+                  f"# written {int(time.time()) + 3600}\nmodel_llama3-8b a100\n",  # a clock an hour ahead
+                  "# written soon\nmodel_llama3-8b a100\n"):
+        listing.write_text(stale)
+        result = submit(hook, **job)
+        assert result.accepted and "prefer" not in result.changes, stale
+    write_listing(listing, "model_llama3-8b a100\n", age_s=91)
+    assert "prefer" not in submit(hook, **job).changes
+
+
+def test_the_listing_age_bound_follows_the_publisher_interval_and_the_refresh(tmp_path: Path) -> None:
+    hook = runtime_for(tmp_path, scoring={"interval_s": 300})  # 3 x 300 s
+    listing = tmp_path / "published-features.txt"
+    job = {"comment": "aigc:type=infer,model=m", "tres_per_node": "gres:gpu:1"}
+    write_listing(listing, "model_m\n", age_s=890)
+    assert submit(hook, **job).changes["prefer"] == (None, "model_m")
+    write_listing(listing, "model_m\n", age_s=910)
+    assert "prefer" not in submit(hook, **job).changes
+

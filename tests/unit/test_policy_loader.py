@@ -391,3 +391,60 @@ def test_a_removed_key_is_refused_naming_it_and_saying_it_was_removed(section_na
         parse(document)
     assert caught.value.key_path == f"{section_name}.{key}"
     assert "was removed" in str(caught.value) and "AdminComment" in str(caught.value)
+
+
+# --------------------------------------------------------------------------- settings that must agree
+
+
+def test_the_unlist_grace_must_outlast_the_hooks_cache_of_the_listing() -> None:
+    document = shipped()
+    document["rewrites"]["model_prefer"]["refresh_seconds"] = 30
+    with pytest.raises(ConfigError) as caught:
+        parse(document)  # scoring.model_unlist_grace_s stays 30
+    assert caught.value.key_path == "scoring.model_unlist_grace_s"
+    assert "rewrites.model_prefer.refresh_seconds (30 s)" in caught.value.problem and "rejects" in caught.value.problem
+    document["scoring"]["model_unlist_grace_s"] = 31
+    assert parse(document).scoring.model_unlist_grace_s == 31.0
+    document["rewrites"]["model_prefer"].update(refresh_seconds=60, enabled=False)  # no hook preference, no window
+    assert parse(document).rewrites.model_prefer.refresh_seconds == 60
+
+
+@pytest.mark.parametrize("prefix", ["served_", "", "model-"])
+def test_only_the_prefix_the_publisher_writes_is_accepted(prefix: str) -> None:
+    document = shipped()
+    assert parse(document).rewrites.model_prefer.feature_prefix == "model_"
+    document["rewrites"]["model_prefer"]["feature_prefix"] = prefix
+    with pytest.raises(ConfigError) as caught:
+        parse(document)
+    assert caught.value.key_path == "rewrites.model_prefer.feature_prefix"
+    assert "publisher" in caught.value.problem and "model_<id>" in caught.value.problem
+
+
+@pytest.mark.parametrize(("learned", "key", "words"), [
+    ({"max_entries": 100_001}, "learned.max_entries", "1..100000"),
+    ({"refresh_seconds": 4}, "learned.refresh_seconds", "at least 5 s with max_entries 10000"),
+    ({"max_entries": 100_000, "refresh_seconds": 41}, "learned.refresh_seconds", "at least 42 s"),
+])
+def test_the_learned_table_is_bounded_by_what_the_hook_can_reread(learned: dict[str, Any], key: str, words: str) -> None:
+    document = shipped()
+    document["learned"].update(learned)
+    with pytest.raises(ConfigError) as caught:
+        parse(document)
+    assert caught.value.key_path == key and words in caught.value.problem
+
+
+def test_learned_refresh_limits_that_are_accepted() -> None:
+    document = shipped()
+    for entries, seconds in ((10_000, 5), (100_000, 42), (1_000, 1), (10_000, 0)):
+        document["learned"].update(max_entries=entries, refresh_seconds=seconds)
+        assert parse(document).learned.refresh_seconds == seconds
+
+
+def test_models_per_node_are_capped_by_a_positive_integer() -> None:
+    document = shipped()
+    assert parse(document).scoring.max_models_per_node == 8
+    for bad in (0, -1, 2.5):
+        document["scoring"]["max_models_per_node"] = bad
+        with pytest.raises(ConfigError) as caught:
+            parse(document)
+        assert caught.value.key_path == "scoring.max_models_per_node"

@@ -7,17 +7,20 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from lupa import lua51
 
 from slurm_aigc.policy.hookruntime import HookRuntime
-from slurm_aigc.policy.loader import load_policy
+from slurm_aigc.policy.loader import load_policy, parse_policy_text
 from slurm_aigc.policy.paths import shipped_policy
 from slurm_aigc.policy.render import (
     MARKER,
+    listing_max_age_s,
     lua_string,
     lua_value,
     policy_table,
@@ -85,3 +88,13 @@ def test_hook_touches_only_known_globals(tmp_path: Path) -> None:
                "tonumber", "tostring", "type", "next", "AIGC_LAST_CLASS", "AIGC_PURE", "slurm_job_submit", "slurm_job_modify"}
     assert names <= allowed, names - allowed
     assert {"slurm_job_submit", "slurm_job_modify"} <= names
+
+
+def test_the_hook_trusts_the_listing_three_publisher_cycles_plus_its_refresh() -> None:
+    document = yaml.safe_load(shipped_policy().read_text())
+    table: Any = policy_table(parse_policy_text(yaml.safe_dump(document), "p.yaml"))
+    assert table["rewrites"]["model_prefer"]["max_age_seconds"] == 3 * 30 + 10  # rendered for the hook
+    document["scoring"]["interval_s"] = 25  # the controller ticks every 10 s: a cycle every 30 s
+    document["rewrites"]["model_prefer"]["refresh_seconds"] = 20
+    document["scoring"]["model_unlist_grace_s"] = 45
+    assert listing_max_age_s(parse_policy_text(yaml.safe_dump(document), "p.yaml")) == 3 * 30 + 20

@@ -10,10 +10,18 @@ import pytest
 from slurm_aigc.db import open_database
 from slurm_aigc.slurm import NodeInfo, SlurmCli
 from slurm_aigc.telemetry.config import ScoringConfig
-from slurm_aigc.telemetry.publish_plan import merge_ours, remember_static
+from slurm_aigc.telemetry.publish_plan import (
+    cap_sightings,
+    lingering_models,
+    listable_models,
+    merge_ours,
+    plan_cycle,
+    remember_static,
+    served_model,
+)
 from slurm_aigc.telemetry.publisher import Publisher
 from slurm_aigc.telemetry.store import TelemetryStore
-from tests.fakes.slurm import FakeNode, FakeSlurm
+from tests.fakes.slurm import FakeJob, FakeNode, FakeSlurm
 
 AGENT_WROTE = ["a100", "nvlink", "nvlink8", "vram80g"]
 
@@ -70,3 +78,33 @@ def test_a_cycle_reads_slurm_a_fixed_number_of_times_whatever_the_node_count(sto
     before = len(slurm.calls)
     publisher.tick()  # nothing changed: two listings, no write
     assert len(reads(slurm, before)) == 2 and len(slurm.updates()) == count
+
+
+def test_a_job_the_hook_stamped_unknown_serves_no_model() -> None:
+    # No `type=` tag and no detection rule called it serving; its owner can rewrite `model=`.
+    tagged = "aigc:model=llama"
+    assert served_model(FakeJob("1", comment=tagged, admin_comment="aigc_class=unknown").info(), ["infer"]) is None
+    assert served_model(FakeJob("2", comment=tagged, admin_comment="aigc_class=train").info(), ["infer"]) is None
+    assert served_model(FakeJob("3", comment=tagged, admin_comment="aigc_class=infer").info(), ["infer"]) == "llama"
+    assert served_model(FakeJob("4", comment=tagged, admin_comment="").info(), ["infer"]) == "llama"  # never stamped
+
+
+def test_a_node_never_holds_more_model_features_than_the_cap() -> None:
+    linger, grace, now = 300.0, 30.0, 1000.0
+    sightings = {("n", "model_a"): now - 100, ("n", "model_b"): now - 50}  # lingering: no job serves them
+    served = {"n": {"model_c": 1, "model_d": 3, "model_e": 1}}
+    capped = cap_sightings(sightings, served, now, linger, grace, 2)
+    # d and c (more jobs than e, then by name) are wanted; a and b leave: unlisted at once, kept on
+    # the node a grace more (a hook may have read them), and until then no room for d and c.
+    assert capped == {("n", "model_a"): now - linger, ("n", "model_b"): now - linger}
+    assert listable_models(capped, now, linger) == set()
+    later = cap_sightings(capped, served, now + grace, linger, grace, 2)
+    assert lingering_models(later, now + grace, linger + grace) == {"n": {"model_c", "model_d"}}
+    assert listable_models(later, now + grace, linger) == {("n", "model_c"), ("n", "model_d")}
+
+
+def test_plan_cycle_without_history_publishes_the_models_with_most_jobs() -> None:
+    jobs = [FakeJob(str(i), "a100-01", comment=f"aigc:type=infer,model={m}", admin_comment="aigc_class=infer").info()
+            for i, m in enumerate(["x", "y", "y", "z", "z", "z"])]
+    (plan,) = plan_cycle([node("a100-01", "a100")], jobs, {}, {}, ScoringConfig(max_models_per_node=2))
+    assert [f for f in plan.features_after or () if f.startswith("model_")] == ["model_y", "model_z"]

@@ -3,8 +3,10 @@ against a fake Slurm (with `scontrol reconfigure` forgetting updates) and a SQLi
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -289,6 +291,13 @@ def test_a_slurm_outage_fails_the_tick_for_the_loop_to_back_off(store: Telemetry
         Publisher(SlurmCli(runner=slurm), store, ScoringConfig()).tick()
 
 
+def listed(listing: Path) -> str:
+    """The published-features file without its `# written <epoch>` header."""
+    header, _, rest = listing.read_text().partition("\n")
+    assert header.startswith("# written ")
+    return rest
+
+
 def test_model_lingers_then_is_unlisted_a_grace_before_slurm_loses_it(store: TelemetryStore, tmp_path: Path) -> None:
     listing = tmp_path / "published-features.txt"
     job = FakeJob("5", "a100-01", comment="aigc:type=infer,model=sdxl aigc_class=infer", admin_comment="")
@@ -297,22 +306,22 @@ def test_model_lingers_then_is_unlisted_a_grace_before_slurm_loses_it(store: Tel
     now = [1000.0]
     publisher = Publisher(SlurmCli(runner=slurm), store, config, clock=lambda: now[0])
     publisher.tick()
-    assert listing.read_text() == "model_sdxl a100\n" and "model_sdxl" in slurm.nodes["a100-01"].features
+    assert listed(listing) == "model_sdxl a100\n" and "model_sdxl" in slurm.nodes["a100-01"].features
 
     job.state = "COMPLETED"
     now[0] += 99  # within the linger: still a feature, still listed (its cache is warm there)
     publisher.tick()
-    assert listing.read_text() == "model_sdxl a100\n" and "model_sdxl" in slurm.nodes["a100-01"].features
+    assert listed(listing) == "model_sdxl a100\n" and "model_sdxl" in slurm.nodes["a100-01"].features
 
     now[0] += 2  # past the linger: unlisted first, the feature stays while hooks re-read the list
     publisher.tick()
-    assert listing.read_text() == "" and "model_sdxl" in slurm.nodes["a100-01"].features
+    assert listed(listing) == "" and "model_sdxl" in slurm.nodes["a100-01"].features
 
     seen_while_removing: list[str] = []
     original = slurm._update_node
 
     def update(args: list[str], values: dict[str, str]):  # type: ignore[no-untyped-def]
-        seen_while_removing.append(listing.read_text())  # what the hook could read during the write
+        seen_while_removing.append(listed(listing))  # what the hook could read during the write
         return original(args, values)
 
     slurm._update_node = update  # type: ignore[method-assign]
@@ -339,15 +348,15 @@ def test_a_model_served_elsewhere_does_not_keep_a_lingering_node_listed(store: T
     now = [1000.0]
     publisher = Publisher(SlurmCli(runner=slurm), store, config, clock=lambda: now[0])
     publisher.tick()
-    assert listing.read_text() == "model_sd a100\nmodel_sd t4\n"
+    assert listed(listing) == "model_sd a100\nmodel_sd t4\n"
 
     on_a100.state = "COMPLETED"
     now[0] += 101  # past the a100's linger; the t4 still serves the model
     publisher.tick()
-    assert listing.read_text() == "model_sd t4\n" and "model_sd" in slurm.nodes["a100-01"].features
+    assert listed(listing) == "model_sd t4\n" and "model_sd" in slurm.nodes["a100-01"].features
     now[0] += 30
     publisher.tick()
-    assert "model_sd" not in slurm.nodes["a100-01"].features and listing.read_text() == "model_sd t4\n"
+    assert "model_sd" not in slurm.nodes["a100-01"].features and listed(listing) == "model_sd t4\n"
 
 
 def test_restarted_publisher_unlists_unserved_models_before_removing_them(store: TelemetryStore, tmp_path: Path) -> None:
@@ -470,3 +479,85 @@ def test_a_dry_run_cycle_records_its_changes_in_one_transaction(tmp_path: Path) 
     assert publisher.tick() == [] and store.calls == [3]  # nothing changed in the second cycle: no transaction
     assert [(r.node, r.features_after, r.weight_after, r.dry_run) for r in store.publications()] == [
         (p.node, p.features_after, p.weight_after, True) for p in plans]
+
+
+# --------------------------------------------------------------------------- review fixes
+
+
+def test_every_live_cycle_renews_the_listing_header_and_a_failed_one_does_not(store: TelemetryStore,
+                                                                              tmp_path: Path) -> None:
+    # The hook prefers nothing from a listing whose header is too old: after a slurmctld restart
+    # Slurm has forgotten the model features, and only a live publisher puts them back.
+    listing = tmp_path / "published-features.txt"
+    job = FakeJob("5", "a100-01", comment="aigc:type=infer,model=sdxl", admin_comment="aigc_class=infer")
+    slurm = FakeSlurm([FakeNode("a100-01", features=["a100"])], [job])
+    now = [1000.0]
+    config = ScoringConfig(published_features_file=str(listing))
+    publisher = Publisher(SlurmCli(runner=slurm), store, config, clock=lambda: now[0])
+    for _ in range(3):  # nothing changes after the first cycle: the header is renewed anyway
+        publisher.tick()
+        assert listing.read_text() == f"# written {int(now[0])}\nmodel_sdxl a100\n"
+        now[0] += 30.7
+    slurm.down = True  # slurmctld stopped: the cycle fails, the file keeps its old time
+    with pytest.raises(SlurmCommandError):
+        publisher.tick()
+    assert listing.read_text().startswith("# written 1061\n")
+
+
+def test_the_write_cap_reaches_every_node_least_recently_written_first(store: TelemetryStore) -> None:
+    # Five nodes that differ from Slurm every cycle, two writes a cycle: in Slurm's order the
+    # last three were never written.
+    fakes = [FakeNode(f"a100-{i:02d}", features=["a100", "nvlink8"]) for i in range(1, 6)]
+    slurm = FakeSlurm(fakes)
+    publisher = Publisher(SlurmCli(runner=slurm), store, ScoringConfig(max_writes_per_cycle=2))
+    written: list[str] = []
+    for _ in range(3):
+        for fake in fakes:
+            fake.features = ["a100", "nvlink8"]  # Slurm forgot what we wrote (reconfigure)
+        before = len(slurm.updates())
+        publisher.tick()
+        written += [call[2].removeprefix("NodeName=") for call in slurm.updates()[before:]]
+    assert written[:2] == ["a100-01", "a100-02"] and len(written) == 6
+    assert set(written) == {fake.name for fake in fakes}
+
+
+def test_the_publisher_keeps_the_active_features_a_node_features_plugin_chose(store: TelemetryStore) -> None:
+    fake = FakeNode("a100-01", features=["a100", "nvlink8", "mode_a", "mode_b"])
+    slurm = FakeSlurm([fake])
+
+    def runner(argv, timeout_s, stdin=None):  # type: ignore[no-untyped-def]
+        answer = slurm(argv, timeout_s, stdin)
+        if list(argv) == ["sinfo", "--json"]:  # node_features/helpers: booted in mode_a
+            document = json.loads(answer.stdout)
+            record = document["nodes"][0]
+            record["active_features"] = ",".join(f for f in record["features"].split(",") if f != "mode_b")
+            answer = replace(answer, stdout=json.dumps(document))
+        return answer
+
+    Publisher(SlurmCli(runner=runner), store, ScoringConfig()).tick()
+    (update,) = slurm.updates()
+    assert "AvailableFeatures=a100,nvlink8,mode_a,mode_b,nvfree2,nvfree4,nvfree8" in update
+    assert "ActiveFeatures=a100,nvlink8,mode_a,nvfree2,nvfree4,nvfree8" in update
+
+
+def test_an_owner_rewriting_model_each_cycle_cannot_grow_a_nodes_features(store: TelemetryStore,
+                                                                           tmp_path: Path) -> None:
+    listing = tmp_path / "published-features.txt"
+    stamped = "aigc_class=infer"
+    served = [FakeJob(str(i), "a100-01", comment="aigc:type=infer,model=llama", admin_comment=stamped) for i in (1, 2)]
+    churn = FakeJob("3", "a100-01", comment="aigc:type=infer,model=m0", admin_comment=stamped)
+    unknown = FakeJob("4", "a100-01", comment="aigc:model=not-serving", admin_comment="aigc_class=unknown")
+    slurm = FakeSlurm([FakeNode("a100-01", features=["a100"])], [*served, churn, unknown])
+    config = ScoringConfig(published_features_file=str(listing), max_models_per_node=3, model_linger_s=300,
+                           model_unlist_grace_s=30)
+    now = [1000.0]
+    publisher = Publisher(SlurmCli(runner=slurm), store, config, clock=lambda: now[0])
+    for cycle in range(20):
+        churn.comment = f"aigc:type=infer,model=m{cycle}"  # `scontrol update JobId=3 Comment=...` by its owner
+        publisher.tick()
+        models = [f for f in slurm.nodes["a100-01"].features if f.startswith("model_")]
+        assert len(models) <= 3 and "model_llama" in models and "model_not-serving" not in models
+        listed_models = [line.split()[0] for line in listed(listing).splitlines()]
+        assert set(listed_models) <= set(models)
+        now[0] += 30
+    assert "model_m19" in models  # the newest name is served; the older ones left a grace after unlisting

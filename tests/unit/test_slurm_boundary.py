@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 
 from slurm_aigc.errors import SlurmCommandError, SlurmParseError
-from slurm_aigc.slurm import CommandResult, SlurmCli, job_from_json, parse_duration_s, parse_key_values
+from slurm_aigc.slurm import (
+    CommandResult,
+    NodeInfo,
+    SlurmCli,
+    active_features_after,
+    job_from_json,
+    parse_duration_s,
+    parse_key_values,
+)
 
 JSON = Path(__file__).resolve().parents[1] / "fixtures" / "slurm-json"
 V22, V24 = (22, 5, 8), (24, 11, 5)
@@ -197,3 +205,28 @@ def test_parse_helpers() -> None:
     assert parse_duration_s("2-00:00:01") == 2 * 86400 + 1
     assert parse_duration_s("UNLIMITED") is None
     assert parse_key_values("A=1 B=two words C=(null)") == {"A": "1", "B": "two words", "C": "(null)"}
+
+
+def node_with(available: Sequence[str], active: Sequence[str]) -> NodeInfo:
+    return NodeInfo(name="a100-01", state="IDLE", gres="gpu:a100:8", gres_used="", available_features=tuple(available),
+                    active_features=tuple(active), weight=1, cpus=32, partitions=("gpu",), fields={})
+
+
+def test_update_node_keeps_the_active_features_a_node_features_plugin_chose() -> None:
+    # node_features/helpers (or knl_*): the node is booted in one of the modes it offers, so only
+    # `mode_a` is active. Writing AvailableFeatures as ActiveFeatures would claim every mode.
+    current = node_with(["a100", "mode_a", "mode_b", "nvfree2"], ["a100", "mode_a", "nvfree2"])
+    runner = FakeRunner({})
+    SlurmCli(runner).update_node("a100-01", features=["a100", "mode_a", "mode_b", "nvfree4", "model_x"], current=current)
+    assert runner.calls == [("scontrol", "update", "NodeName=a100-01",
+                             "AvailableFeatures=a100,mode_a,mode_b,nvfree4,model_x",
+                             "ActiveFeatures=a100,mode_a,nvfree4,model_x")]
+
+
+def test_update_node_without_a_features_plugin_writes_exactly_as_before() -> None:
+    current = node_with(["a100", "ib", "nvfree2"], ["ib", "a100", "nvfree2"])  # active == available, any order
+    runner = FakeRunner({})
+    SlurmCli(runner).update_node("a100-01", features=["a100", "ib", "nvfree4"], weight=3, current=current)
+    SlurmCli(runner).update_node("a100-01", features=["a100", "ib", "nvfree4"], current=node_with(["a100"], []))
+    assert [call[3:5] for call in runner.calls] == [("AvailableFeatures=a100,ib,nvfree4", "ActiveFeatures=a100,ib,nvfree4")] * 2
+    assert active_features_after(node_with(["a100", "x"], ["x", "gone"]), ["a100", "y"]) == ("y",)  # a subset of Available
