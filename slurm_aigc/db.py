@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     Double,
     Index,
@@ -39,6 +40,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.engine.url import URL
 from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
@@ -46,8 +48,14 @@ from slurm_aigc.errors import DatabaseError
 
 DEFAULT_DB_URL = "sqlite:////var/lib/slurm-aigc/state.db"
 DEFAULT_URL_FILE = Path("/etc/slurm-aigc/db.url")
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 LOG = logging.getLogger(__name__)
+
+# The id of every table that grows. INT AUTO_INCREMENT (MariaDB/MySQL) and SERIAL (PostgreSQL)
+# stop at 2,147,483,647, and ids are never reused after deletes: at 1,000 nodes one sample table
+# takes ~69 million ids a day (docs/deploy.md), so inserts would fail after about a month. SQLite
+# keeps INTEGER: only a column declared exactly so is the rowid, which is 64-bit already.
+BigId = BigInteger().with_variant(Integer, "sqlite")
 
 
 class Base(DeclarativeBase):
@@ -73,7 +81,7 @@ class GpuSample(Base):
     # ts ranges). The ts-only and node-only indexes it replaced cost every agent insert, and
     # SQLite's planner took the node one for the GROUP BY, scanning the whole table.
     __table_args__ = (_GPU_SAMPLES_COVERING,)
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     ts: Mapped[float] = mapped_column(Double)
     node: Mapped[str] = mapped_column(String(128))
     gpu_index: Mapped[int] = mapped_column(Integer)
@@ -93,7 +101,7 @@ class ProcessSample(Base):
     """One compute process on one GPU at one poll, attributed to a Slurm job when possible."""
 
     __tablename__ = "process_samples"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     ts: Mapped[float] = mapped_column(Double, index=True)
     node: Mapped[str] = mapped_column(String(128), index=True)
     gpu_index: Mapped[int] = mapped_column(Integer)
@@ -107,7 +115,7 @@ class JobGpuSample(Base):
     """A job's use of one GPU at one poll: what reports and the idle detectors read."""
 
     __tablename__ = "job_gpu_samples"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     ts: Mapped[float] = mapped_column(Double, index=True)
     node: Mapped[str] = mapped_column(String(128))
     job_id: Mapped[str] = mapped_column(String(32), index=True)
@@ -124,7 +132,7 @@ class NodePublication(Base):
     """A feature/weight change the publisher made to a node (`scontrol update NodeName=...`)."""
 
     __tablename__ = "node_publications"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     ts: Mapped[float] = mapped_column(Double, index=True)
     node: Mapped[str] = mapped_column(String(128), index=True)
     features_before: Mapped[str | None] = mapped_column(Text, nullable=True)
@@ -143,7 +151,7 @@ class ActionRecord(Base):
     """
 
     __tablename__ = "actions"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     observation_key: Mapped[str] = mapped_column(String(255), unique=True)
     ts_intent: Mapped[float] = mapped_column(Double, index=True)
     ts_outcome: Mapped[float | None] = mapped_column(Double, nullable=True)
@@ -155,7 +163,9 @@ class ActionRecord(Base):
     action: Mapped[str] = mapped_column(String(32))
     step: Mapped[int] = mapped_column(Integer, default=0)
     dry_run: Mapped[bool] = mapped_column(Boolean, default=False)
-    state: Mapped[str] = mapped_column(String(16), default="intent")  # intent|done|failed|skipped
+    # intent|done|failed|skipped; indexed (version 4): open_intents() reads the few intents every
+    # live tick, which without it scanned the whole audit trail.
+    state: Mapped[str] = mapped_column(String(16), default="intent", index=True)
     detail: Mapped[str] = mapped_column(Text, default="")
     gpus_before: Mapped[int | None] = mapped_column(Integer, nullable=True)
     gpus_after: Mapped[int | None] = mapped_column(Integer, nullable=True)
@@ -171,7 +181,7 @@ class JobGpuRollup(Base):
 
     __tablename__ = "job_gpu_rollups"
     __table_args__ = (UniqueConstraint("bucket_ts", "job_id", "node", "gpu_index"),)
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     bucket_ts: Mapped[float] = mapped_column(Double, index=True)
     job_id: Mapped[str] = mapped_column(String(32), index=True)
     node: Mapped[str] = mapped_column(String(128))
@@ -195,6 +205,9 @@ class RetentionState(Base):
 
 # The tables an agent writes (and all it may write): see `AGENT_GRANTS` and docs/deploy.md.
 SAMPLE_TABLES = ("gpu_samples", "process_samples", "job_gpu_samples")
+# The tables whose ids are `BigId` (schema version 4).
+GROWING_TABLES = (*SAMPLE_TABLES, "job_gpu_rollups", "node_publications", "actions")
+ACTIONS_STATE_INDEX = "ix_actions_state"
 
 
 # ---------------------------------------------------------------- credentials
@@ -277,6 +290,17 @@ def scrub(message: str, url: str) -> str:
 
 # ---------------------------------------------------------------- opening
 
+# Seconds to reach the server; then the longest a MariaDB/MySQL read or write, or a PostgreSQL
+# statement, may take (`open_database(timeout_s=...)`). Without them a server that hangs, or a
+# host that dies mid-query, holds an agent's poll or the controller's tick until TCP gives up
+# (15 min to 2 h). 60 s is far above any statement of ours (an agent's poll writes in ms).
+CONNECT_TIMEOUT_S = 10
+DB_TIMEOUT_S = 60
+# Whole-window readers and writers (reports, replays, retention's hourly rollup): one sorted
+# read of a month of samples, or one hour's rollup at 8,000 GPUs (~80 s measured), outlasts 60 s.
+DB_LONG_TIMEOUT_S = 600
+
+
 @dataclass(frozen=True)
 class StartupRetry:
     """Retries of schema creation while other daemons hold the lock or the server starts."""
@@ -292,11 +316,16 @@ class StartupRetry:
         return float(min(self.max_delay_s, self.first_delay_s * 2 ** attempt) * random.uniform(0.5, 1.5))
 
 
-def open_database(url: str | None = None, retry: StartupRetry = StartupRetry()) -> sessionmaker[Session]:
-    """Open (and create/migrate) the database at `url` (see `resolve_url`); DatabaseError names the masked URL."""
+def open_database(url: str | None = None, retry: StartupRetry = StartupRetry(), *,
+                  timeout_s: int | None = DB_TIMEOUT_S) -> sessionmaker[Session]:
+    """Open (and create/migrate) the database at `url` (see `resolve_url`); DatabaseError names the masked URL.
+
+    `timeout_s` bounds each read/write (MariaDB/MySQL) or statement (PostgreSQL) of the sessions;
+    None: unbounded. Schema creation and migrations are never bounded by it (`ensure_schema`).
+    """
     url = resolve_url(url)
     try:
-        engine = _engine(url)
+        engine = _engine(url, timeout_s)
     except ImportError as error:
         raise DatabaseError(f"cannot open database {mask_url(url)}: its driver is not installed ({error}); "
                             "install slurm-aigc[mysql] or slurm-aigc[postgresql]") from error
@@ -332,6 +361,8 @@ def ensure_schema(engine: Engine, lock_timeout_s: int = 120) -> None:
     """Create the tables and apply migrations once, whoever else starts at the same moment.
 
     The common case (schema current) only reads one row, so an agent needs no DDL right.
+    The DDL runs on a connection without the read/statement timeout: a migration that rebuilds
+    a table of millions of rows must not be cut off half-way, then retried at every start.
     """
     current = schema_version(engine)
     if current == SCHEMA_VERSION:
@@ -339,8 +370,21 @@ def ensure_schema(engine: Engine, lock_timeout_s: int = 120) -> None:
     if current is not None and current > SCHEMA_VERSION:
         raise DatabaseError(f"database schema is version {current}, newer than this slurm-aigc "
                             f"(version {SCHEMA_VERSION}): upgrade slurm-aigc")
-    with _schema_lock(engine, lock_timeout_s):
-        _create_and_migrate(engine)
+    with _unbounded(engine) as ddl, _schema_lock(ddl, lock_timeout_s):
+        _create_and_migrate(ddl)
+
+
+@contextmanager
+def _unbounded(engine: Engine) -> Iterator[Engine]:
+    """The same database through an engine without read/statement timeouts (SQLite: the engine itself)."""
+    if engine.dialect.name == "sqlite":
+        yield engine
+        return
+    ddl = _engine(engine.url, None)
+    try:
+        yield ddl
+    finally:
+        ddl.dispose()
 
 
 def _create_and_migrate(engine: Engine) -> None:
@@ -354,6 +398,9 @@ def _create_and_migrate(engine: Engine) -> None:
     for target, step in MIGRATIONS:
         if version < target:
             with engine.begin() as connection:
+                if connection.dialect.name == "postgresql":
+                    # A role may carry a statement_timeout of its own (docs/deploy.md, PgBouncer).
+                    connection.execute(text("SET LOCAL statement_timeout = 0"))
                 step(connection)
             version = target
             _set_version(engine, version)
@@ -375,27 +422,45 @@ def _set_version(engine: Engine, version: int) -> None:
 @contextmanager
 def _schema_lock(engine: Engine, timeout_s: int) -> Iterator[None]:
     """A lock across processes and hosts: GET_LOCK (MariaDB/MySQL), an advisory lock
-    (PostgreSQL), flock on a file next to the SQLite database."""
+    (PostgreSQL), flock on a file next to the SQLite database. A server lock not had within
+    `timeout_s` raises DatabaseError, on either server."""
     dialect = engine.dialect.name
     if dialect == "sqlite":
         with _file_lock(engine):
             yield
         return
+    mysql = dialect in ("mysql", "mariadb")
     with engine.connect() as connection:
-        if dialect in ("mysql", "mariadb"):
-            got = connection.scalar(text("SELECT GET_LOCK('slurm_aigc_schema', :t)"), {"t": timeout_s})
-            if got != 1:
-                raise DatabaseError(f"timed out after {timeout_s} s waiting for the schema lock (GET_LOCK)")
-        elif dialect == "postgresql":
-            connection.execute(text("SELECT pg_advisory_lock(7161723)"))
+        _wait_for_lock(connection, mysql, timeout_s)
         try:
             yield
         finally:
-            if dialect in ("mysql", "mariadb"):
-                connection.execute(text("SELECT RELEASE_LOCK('slurm_aigc_schema')"))
-            elif dialect == "postgresql":
-                connection.execute(text("SELECT pg_advisory_unlock(7161723)"))
+            release = "SELECT RELEASE_LOCK('slurm_aigc_schema')" if mysql else "SELECT pg_advisory_unlock(7161723)"
+            connection.execute(text(release))
             connection.commit()
+
+
+# Each try waits at most this long: GET_LOCK on the server, pg_try_advisory_lock between tries.
+_LOCK_STEP_S = 1
+
+
+def _wait_for_lock(connection: Connection, mysql: bool, timeout_s: int) -> None:
+    """Take the schema lock in short tries until `timeout_s` (pg_advisory_lock alone would wait
+    forever; one long GET_LOCK would outlast the read timeout)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if mysql:
+            got = connection.scalar(text("SELECT GET_LOCK('slurm_aigc_schema', :t)"), {"t": _LOCK_STEP_S}) == 1
+        else:
+            got = bool(connection.scalar(text("SELECT pg_try_advisory_lock(7161723)")))
+        if got:
+            connection.commit()  # both locks belong to the session, not to this transaction
+            return
+        if time.monotonic() >= deadline:
+            what = "GET_LOCK" if mysql else "pg_try_advisory_lock"
+            raise DatabaseError(f"timed out after {timeout_s} s waiting for the schema lock ({what})")
+        if not mysql:
+            time.sleep(_LOCK_STEP_S)
 
 
 @contextmanager
@@ -443,6 +508,40 @@ def _v3_gpu_samples_covering_index(connection: Connection) -> None:
             drop_index(connection, GpuSample.__tablename__, old)
 
 
+def _v4_64_bit_ids_and_action_state_index(connection: Connection) -> None:
+    """Version 4: 64-bit ids on the tables that grow (see `BigId`), keeping every row and id,
+    and the index on actions.state that `open_intents()` reads.
+
+    Both servers rebuild each table to widen its key, holding the agents' inserts meanwhile
+    (docs/deploy.md, "Units", gives the measured rate). MariaDB commits each ALTER on its own, so
+    a table already widened by an interrupted run is skipped.
+    """
+    for table in GROWING_TABLES:
+        _widen_id(connection, table)
+    present = {index["name"] for index in inspect(connection).get_indexes(ActionRecord.__tablename__)}
+    if ACTIONS_STATE_INDEX not in present:
+        actions = Base.metadata.tables[ActionRecord.__tablename__]
+        next(i for i in actions.indexes if i.name == ACTIONS_STATE_INDEX).create(connection)
+
+
+def _widen_id(connection: Connection, table: str) -> None:
+    dialect = connection.dialect.name
+    if dialect == "sqlite":
+        return  # INTEGER PRIMARY KEY is the 64-bit rowid
+    column = next(c for c in inspect(connection).get_columns(table) if c["name"] == "id")
+    if isinstance(column["type"], BigInteger):
+        return
+    if dialect in ("mysql", "mariadb"):
+        connection.execute(text(f"ALTER TABLE {table} MODIFY id BIGINT NOT NULL AUTO_INCREMENT"))
+        return
+    sequence = connection.scalar(text("SELECT pg_get_serial_sequence(:table, 'id')"), {"table": table})
+    connection.execute(text(f"ALTER TABLE {table} ALTER COLUMN id TYPE bigint"))
+    if sequence:
+        # A SERIAL's sequence is AS integer: it would still stop at 2^31 - 1. Its maximum was the
+        # type's, so PostgreSQL moves it to bigint's.
+        connection.execute(text(f"ALTER SEQUENCE {sequence} AS bigint"))
+
+
 def drop_index(connection: Connection, table: str, name: str) -> None:
     """DROP INDEX in the dialect's words (MariaDB/MySQL name the table, SQLite and PostgreSQL do not)."""
     on_table = f" ON {table}" if connection.dialect.name in ("mysql", "mariadb") else ""
@@ -453,6 +552,7 @@ def drop_index(connection: Connection, table: str, name: str) -> None:
 MIGRATIONS: Sequence[tuple[int, Callable[[Connection], None]]] = (
     (2, _v2_double_precision),
     (3, _v3_gpu_samples_covering_index),
+    (4, _v4_64_bit_ids_and_action_state_index),
 )
 
 
@@ -479,18 +579,42 @@ def dialect_name(factory: sessionmaker[Session]) -> str:
         return session.get_bind().dialect.name
 
 
-def _engine(url: str) -> Engine:
-    if url.startswith("sqlite:///"):
-        path = url.removeprefix("sqlite:///")
+def connect_args(url: str | URL, timeout_s: int | None) -> dict[str, object]:
+    """What the driver of `url` is handed when it connects: the connect timeout, and the read/write
+    (PyMySQL and MySQL drivers) or statement timeout (libpq: psycopg) when `timeout_s` is set."""
+    parsed = make_url(url)
+    backend, driver = parsed.get_backend_name(), parsed.get_driver_name()
+    if backend == "sqlite":
+        return {"timeout": 30}  # seconds a writer waits for another's lock
+    if backend in ("mysql", "mariadb"):
+        bounded = {} if timeout_s is None else {"read_timeout": timeout_s, "write_timeout": timeout_s}
+        return {"connect_timeout": CONNECT_TIMEOUT_S, **bounded}
+    if backend == "postgresql" and driver in ("psycopg", "psycopg2"):
+        # statement_timeout is enforced by the server; the keepalives find a host or link that
+        # died while we wait for an answer (after 30 s idle, 3 probes 10 s apart).
+        args: dict[str, object] = {"connect_timeout": CONNECT_TIMEOUT_S, "keepalives": 1, "keepalives_idle": 30,
+                                   "keepalives_interval": 10, "keepalives_count": 3}
+        if timeout_s is not None:
+            args["options"] = f"-c statement_timeout={timeout_s * 1000}"
+        return args
+    return {}
+
+
+def _engine(url: str | URL, timeout_s: int | None) -> Engine:
+    parsed = make_url(url)
+    args = connect_args(parsed, timeout_s)
+    if parsed.get_backend_name() == "sqlite":
+        path = parsed.database
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"timeout": 30})
+        engine = create_engine(parsed, connect_args=args)
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    if url.startswith(("mysql", "mariadb")):
+    if parsed.get_backend_name() in ("mysql", "mariadb"):
         # READ COMMITTED: retention's batched deletes take no gap locks that block the agents' inserts.
-        return create_engine(url, pool_pre_ping=True, pool_recycle=3600, isolation_level="READ COMMITTED")
-    return create_engine(url, pool_pre_ping=True)
+        return create_engine(parsed, connect_args=args, pool_pre_ping=True, pool_recycle=3600,
+                             isolation_level="READ COMMITTED")
+    return create_engine(parsed, connect_args=args, pool_pre_ping=True)
 
 
 def _sqlite_pragmas(connection: object, _record: object) -> None:

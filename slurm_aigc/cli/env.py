@@ -33,10 +33,12 @@ class CliEnv(Generic[S]):
 
 def default_env() -> CliEnv[SlurmCli]:
     """The real ones, imported only when a command runs (the CLI starts fast)."""
-    from slurm_aigc.db import open_database
+    from slurm_aigc.db import DB_LONG_TIMEOUT_S, open_database
     from slurm_aigc.slurm import SlurmCli
 
-    return CliEnv(slurm=lambda: SlurmCli(timeout_s=SACCT_TIMEOUT_S), database=open_database, now=datetime.now)
+    # Reports and replays read whole windows: the long database bound, as for sacct.
+    return CliEnv(slurm=lambda: SlurmCli(timeout_s=SACCT_TIMEOUT_S),
+                  database=lambda url: open_database(url, timeout_s=DB_LONG_TIMEOUT_S), now=datetime.now)
 
 
 def command_env(ctx: click.Context) -> CliEnv[Any]:

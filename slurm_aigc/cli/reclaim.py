@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from slurm_aigc.db import open_database
+from slurm_aigc.db import DB_LONG_TIMEOUT_S, open_database
 from slurm_aigc.policy.paths import find_policy
 from slurm_aigc.reclaim.actuator import ActionResult
 from slurm_aigc.reclaim.config import ReclaimConfig, load_reclaim_config
@@ -114,7 +114,9 @@ def _retention(config_file: str | None, db_url: str | None) -> Callable[[], obje
     from slurm_aigc.report.retention import Retention, RetentionSchedule
 
     hours = load_policy(config_file, hook_sections=False).storage.raw_retention_hours
-    return RetentionSchedule(Retention(open_database(db_url), hours), log=LOG.info)
+    # Its own engine: one hour's rollup is one statement that may outlast the ticks' 60 s bound;
+    # the run itself stops at Retention's time budget, so a tick waits for one hour's work at most.
+    return RetentionSchedule(Retention(open_database(db_url, timeout_s=DB_LONG_TIMEOUT_S), hours), log=LOG.info)
 
 
 @click.command("controller")

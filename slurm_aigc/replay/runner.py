@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import yaml
 
 from slurm_aigc.children import spawn_logged, stop_all
-from slurm_aigc.db import open_database
+from slurm_aigc.db import DB_LONG_TIMEOUT_S, open_database
 from slurm_aigc.errors import AigcError, SlurmCommandError
 from slurm_aigc.policy.install import install_hook
 from slurm_aigc.profiles import Phase, format_phases, total_seconds
@@ -593,7 +593,7 @@ class ReplayRun:
 
     def _samples(self, started: float, spans: Mapping[str, Sequence[tuple[float, float]]]
                  ) -> tuple[tuple[UsageSample, ...], float]:
-        factory = open_database(self.db_url)
+        factory = open_database(self.db_url, timeout_s=DB_LONG_TIMEOUT_S)  # the whole run's samples at once
         store = TelemetryStore(factory)
         rows = store.gpu_power_utilization_since(started)
         hung = hung_sm(store.job_sm_since(started), spans) if spans else {}

@@ -1,7 +1,9 @@
-"""Retention on SQLite and MariaDB: rolled-up hours give the reports the same totals as raw rows."""
+"""Retention on SQLite, MariaDB and (opt-in) PostgreSQL: rolled-up hours give the reports the same totals as raw rows."""
 
 from __future__ import annotations
 
+import logging
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -10,10 +12,25 @@ import pytest
 from sqlalchemy import event, func, insert, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from slurm_aigc.db import GpuSample, JobGpuRollup, JobGpuSample, NodePublication, open_database, transaction
-from slurm_aigc.report.retention import BUCKET_S, Retention, RetentionResult, RetentionSchedule
+from slurm_aigc.db import (
+    GPU_SAMPLES_COVERING_INDEX,
+    GpuSample,
+    JobGpuRollup,
+    JobGpuSample,
+    NodePublication,
+    open_database,
+    transaction,
+)
+from slurm_aigc.report.retention import (
+    BUCKET_S,
+    FIRST_RUN_LOOKBACK_S,
+    Retention,
+    RetentionResult,
+    RetentionSchedule,
+)
 from slurm_aigc.report.samples import SampleStore
 from slurm_aigc.telemetry.store import Publication, TelemetryStore
+from tests.unit.db_plans import Plan, plan, sent
 
 T0 = datetime(2026, 11, 30, 0, tzinfo=UTC).timestamp()
 HOURS = 6
@@ -23,6 +40,12 @@ NOW = T0 + HOURS * 3600 + 48 * 3600 + 1800  # every seeded hour is older than 48
 @pytest.fixture
 def factory(db_url: str) -> sessionmaker[Session]:
     factory = open_database(db_url)
+    seed(factory)
+    return factory
+
+
+def seed(factory: sessionmaker[Session]) -> None:
+    """Six hours of three jobs' samples, and the GPUs' (all on a100-01)."""
     samples: list[dict[str, object]] = []
     for job, gpus, start_h, end_h in (("41", 2, 0, 6), ("42", 1, 1, 4), ("43", 4, 2, 6)):
         for gpu in range(gpus):
@@ -35,7 +58,6 @@ def factory(db_url: str) -> sessionmaker[Session]:
         session.execute(insert(JobGpuSample), samples)
         session.execute(insert(GpuSample), [{k: row[k] for k in ("ts", "node", "gpu_index", "sm_util_pct")}
                                             for row in samples])
-    return factory
 
 
 def totals(factory: sessionmaker[Session], since: float, until: float) -> dict[str, tuple[float, float, float]]:
@@ -60,7 +82,7 @@ def test_report_totals_over_rolled_up_hours_equal_the_raw_totals(factory: sessio
     window = (T0, T0 + HOURS * 3600)
     before = totals(factory, *window)
     assert set(before) == {"41", "42", "43"} and before["41"][0] > 0
-    result = Retention(factory, raw_retention_hours=48.0, batch_rows=700).run(NOW)
+    result = Retention(factory, raw_retention_hours=48.0, batch_rows=700, budget_s=math.inf).run(NOW)
     assert result.hours_rolled == HOURS and result.rollup_rows == 2 * 6 + 1 * 3 + 4 * 4
     assert count(factory, JobGpuSample) == 0 and count(factory, GpuSample) == 0
     raw_rows = 2 * 6 * 360 + 1 * 3 * 360 + 4 * 4 * 360
@@ -74,7 +96,7 @@ def test_hours_within_the_retention_stay_raw_and_a_window_across_the_mark_adds_u
     before = totals(factory, *window)
     hour_2 = totals(factory, T0 + 2 * 3600, T0 + 3 * 3600)
     now = T0 + 3 * 3600 + 48 * 3600  # hours 0-2 are older than 48 h, 3-5 are not
-    result = Retention(factory, raw_retention_hours=48.0).run(now)
+    result = Retention(factory, raw_retention_hours=48.0, budget_s=math.inf).run(now)
     assert result.hours_rolled == 3
     with transaction(factory) as session:
         assert (session.scalar(select(func.min(JobGpuSample.ts))) or 0.0) >= T0 + 3 * 3600
@@ -83,7 +105,7 @@ def test_hours_within_the_retention_stay_raw_and_a_window_across_the_mark_adds_u
 
 
 def test_a_second_run_changes_nothing(factory: sessionmaker[Session]) -> None:
-    retention = Retention(factory, raw_retention_hours=48.0)
+    retention = Retention(factory, raw_retention_hours=48.0, budget_s=math.inf)
     retention.run(NOW)
     rollups = count(factory, JobGpuRollup)
     again = retention.run(NOW)
@@ -110,7 +132,7 @@ def test_deletes_go_in_bounded_batches(factory: sessionmaker[Session]) -> None:
         engine = session.get_bind().engine
     event.listen(engine, "before_cursor_execute", listener)
     try:
-        result = Retention(factory, raw_retention_hours=48.0, batch_rows=1000).run(NOW)
+        result = Retention(factory, raw_retention_hours=48.0, batch_rows=1000, budget_s=math.inf).run(NOW)
     finally:
         event.remove(engine, "before_cursor_execute", listener)
     assert len(batches) == 12 and max(batches) == 1000 and sum(batches) == result.deleted["job_gpu_samples"] == 11160
@@ -122,7 +144,7 @@ def test_gpu_samples_are_pruned_before_any_job_has_a_sample(db_url: str) -> None
     with transaction(factory) as session:
         session.execute(insert(GpuSample), [{"ts": T0 + 10 * i, "node": "t4-01", "gpu_index": 0, "sm_util_pct": 0.0}
                                             for i in range(HOURS * 360)])
-    result = Retention(factory, 48.0).run(NOW)
+    result = Retention(factory, 48.0, budget_s=math.inf).run(NOW)
     assert result.deleted["gpu_samples"] == HOURS * 360 and count(factory, GpuSample) == 0
     assert result.hours_rolled == HOURS and count(factory, JobGpuRollup) == 0
 
@@ -139,7 +161,7 @@ def test_old_publisher_records_go_but_each_nodes_newest_written_weight_stays(db_
         Publication(old, "t4-01", None, None, 5, 6, "weight", False),
         Publication(recent, "t4-01", None, None, 6, 7, "weight", False),  # within the retention
     ])
-    deleted = Retention(factory, 48.0, batch_rows=1).run(NOW).deleted["node_publications"]
+    deleted = Retention(factory, 48.0, batch_rows=1, budget_s=math.inf).run(NOW).deleted["node_publications"]
     assert deleted == 4
     assert [(p.node, p.ts, p.weight_after) for p in store.publications()] == [("a100-01", old + 60, 30),
                                                                              ("t4-01", recent, 7)]
@@ -149,14 +171,16 @@ def test_old_publisher_records_go_but_each_nodes_newest_written_weight_stays(db_
 
 def test_bucket_is_an_hour() -> None:
     assert BUCKET_S == 3600.0
-    with pytest.raises(ValueError, match="raw_retention_hours must be > 0"):
+    with pytest.raises(ValueError, match="raw_retention_hours and budget_s must be > 0"):
         Retention(sessionmaker(), raw_retention_hours=0)
+    with pytest.raises(ValueError, match="raw_retention_hours and budget_s must be > 0"):
+        Retention(sessionmaker(), budget_s=0)
 
 
 def test_the_controller_schedule_runs_retention_hourly(factory: sessionmaker[Session]) -> None:
     clock = [0.0]
     logged: list[str] = []
-    schedule = RetentionSchedule(Retention(factory, 48.0, clock=lambda: NOW), monotonic=lambda: clock[0],
+    schedule = RetentionSchedule(Retention(factory, 48.0, budget_s=math.inf, clock=lambda: NOW), monotonic=lambda: clock[0],
                                  log=logged.append)
     first = schedule()
     assert first is not None and first.hours_rolled == HOURS and logged[0].startswith("retention: 6 hour(s) rolled up")
@@ -164,3 +188,77 @@ def test_the_controller_schedule_runs_retention_hourly(factory: sessionmaker[Ses
     assert schedule() is None
     clock[0] = 3600.0
     assert schedule() is not None and len(logged) == 1  # nothing left to do: nothing logged
+
+
+def test_a_sample_from_a_wrong_clock_is_deleted_without_rolling_up_every_hour_since(
+        factory: sessionmaker[Session], caplog: pytest.LogCaptureFixture) -> None:
+    # Before: the first run started at the oldest raw row, one transaction per hour from there
+    # (a node whose clock said 2000: 230,000 of them); here 30 days back, 726 hours.
+    window = (T0, T0 + HOURS * 3600)
+    before = totals(factory, *window)
+    wrong = T0 - 30 * 86400.0
+    with transaction(factory) as session:
+        session.add(JobGpuSample(ts=wrong, node="a100-09", job_id="7", gpu_index=0, sm_util_pct=50.0))
+        session.add(GpuSample(ts=wrong, node="a100-09", gpu_index=0))
+    caplog.set_level(logging.WARNING, logger="slurm_aigc.report.retention")
+    result = Retention(factory, 48.0, budget_s=math.inf).run(NOW)
+    lookback_hours = int(FIRST_RUN_LOOKBACK_S / BUCKET_S)
+    assert result.hours_rolled == lookback_hours  # from the bound to the retention window, not from the wrong row
+    assert result.rollup_rows == 2 * 6 + 1 * 3 + 4 * 4 and count(factory, JobGpuSample) == count(factory, GpuSample) == 0
+    with transaction(factory) as session:
+        assert session.scalar(select(func.min(JobGpuRollup.bucket_ts))) == T0  # job 7's wrong hour: never rolled up
+    assert totals(factory, *window) == before
+    assert "raw samples go back to 2026-10-31T00:00:00+00:00" in caplog.text and "deleted without a rollup" in caplog.text
+
+
+def test_a_run_stops_at_its_budget_and_the_next_goes_on_from_the_mark(factory: sessionmaker[Session]) -> None:
+    # The controller runs retention in its tick: one run must not hold it for minutes.
+    window = (T0, T0 + HOURS * 3600)
+    before = totals(factory, *window)
+    ticks = [0.0]
+
+    def monotonic() -> float:  # every look at the clock costs a second
+        ticks[0] += 1.0
+        return ticks[0]
+    retention = Retention(factory, 48.0, batch_rows=2000, budget_s=4.0, monotonic=monotonic)
+    runs: list[RetentionResult] = []
+    while not runs or not runs[-1].finished:
+        started = ticks[0]
+        runs.append(retention.run(NOW))
+        assert totals(factory, *window) == before  # readers see the same at every stop
+        assert ticks[0] - started < 16  # a few transactions a run, not all of them
+        assert len(runs) < 30
+    assert len(runs) > 3 and not runs[0].finished
+    assert sum(r.hours_rolled for r in runs) == HOURS and sum(r.rollup_rows for r in runs) == 2 * 6 + 1 * 3 + 4 * 4
+    assert count(factory, JobGpuSample) == count(factory, GpuSample) == 0
+
+
+def test_the_schedule_runs_again_at_the_next_tick_while_a_run_left_work(factory: sessionmaker[Session]) -> None:
+    ticks = [0.0]
+
+    def monotonic() -> float:
+        ticks[0] += 1.0
+        return ticks[0]
+    logged: list[str] = []
+    schedule = RetentionSchedule(Retention(factory, 48.0, budget_s=2.0, clock=lambda: NOW, monotonic=monotonic),
+                                 monotonic=lambda: 0.0, log=logged.append)
+    results = [schedule() for _ in range(40)]
+    done = [r for r in results if r is not None]
+    assert len(done) > 3 and done[-1].finished and not done[0].finished
+    assert results[len(done):] == [None] * (40 - len(done))  # then hourly again
+    assert "budget spent: more at the next tick" in logged[0]
+    assert count(factory, JobGpuSample) == 0
+
+
+def test_batched_deletes_take_the_oldest_rows_through_the_ts_index(factory: sessionmaker[Session]) -> None:
+    # In id order the server walked the primary key over rows too new to delete (the last, short
+    # batch read the whole table), or sorted every old row for each batch of 1,000.
+    with factory() as session:
+        engine = session.get_bind().engine
+    batches = sent(engine, lambda statement: statement.startswith("SELECT") and " LIMIT " in statement,
+                   lambda: Retention(factory, 48.0, batch_rows=1000, budget_s=math.inf).run(NOW))
+    first = {table: next(b for b in batches if f"FROM {table} " in b[0]) for table in ("job_gpu_samples", "gpu_samples")}
+    seed(factory)  # plans of the tables as they were, every row there
+    for table, index in (("job_gpu_samples", "ix_job_gpu_samples_ts"), ("gpu_samples", GPU_SAMPLES_COVERING_INDEX)):
+        statement, parameters = first[table]
+        assert plan(engine, statement, parameters, table) == Plan(frozenset({index}), sorts=False), statement
