@@ -510,7 +510,9 @@ class Controller:
     def _judged_rows(self, rows: Sequence[SampleRow], jobs: Sequence[JobInfo], now: float) -> list[SampleRow]:
         """`rows_to_judge` against the jobs' node lists; logged once per node and reason (a few
         per node at most: the set stays as small as the cluster)."""
-        nodes_of = {j.job_id: frozenset(expand_nodes(j.node_list)) for j in jobs if j.node_list}
+        # Only the jobs these rows name: it runs twice a tick (the tick's rows, the memory guard's).
+        named = {r.job_id for r in rows}
+        nodes_of = {j.job_id: frozenset(expand_nodes(j.node_list)) for j in jobs if j.job_id in named and j.node_list}
         kept, dropped = rows_to_judge(rows, nodes_of, now, self.config.gap_s)
         for key in sorted(dropped.keys() - self._dropped_seen):
             LOG.warning("ignoring samples from %s: %s", key[0], dropped[key])

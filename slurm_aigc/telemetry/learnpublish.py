@@ -25,6 +25,7 @@ writes nothing, so the table on disk stays as it was until one built from the wh
 
 from __future__ import annotations
 
+import functools
 import logging
 import pwd
 import time
@@ -164,7 +165,7 @@ class LearnedPublisher:
         since = oldest if self._read_until is None else max(oldest, self._read_until)
         edges = windows(datetime.fromtimestamp(since), datetime.fromtimestamp(now), timedelta(seconds=WINDOW_S))
         self._behind = False
-        uids = _remembered(self._uids)
+        uids = functools.cache(self._uids)  # one lookup per user name a run: a window names few users, many times
         for index, (start, end) in enumerate(edges):
             if self._windows_per_tick is not None and index >= self._windows_per_tick:
                 self._behind = True
@@ -215,17 +216,6 @@ class LearnedPublisher:
             atomic_write_bytes(path, data, mode=0o644)  # world-readable for slurmctld's hook
             LOG.info("wrote %d learned default(s) to %s", count, path)
         self._written = data
-
-
-def _remembered(uids: UidOf) -> UidOf:
-    """`uids`, asked once per user name within one run (a day's records name few users, many times)."""
-    known: dict[str, int | None] = {}
-
-    def lookup(user: str) -> int | None:
-        if user not in known:
-            known[user] = uids(user)
-        return known[user]
-    return lookup
 
 
 def with_learner(tick: Callable[[Any, Any], object] | None, learner: LearnedPublisher) -> Callable[[Any, Any], object]:

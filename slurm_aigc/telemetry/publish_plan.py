@@ -78,11 +78,6 @@ def model_jobs_by_node(jobs: Iterable[JobInfo], serving_classes: Sequence[str]) 
     return found
 
 
-def models_by_node(jobs: Iterable[JobInfo], serving_classes: Sequence[str]) -> dict[str, frozenset[str]]:
-    """Model features per node from the running jobs' comment tags (uncapped)."""
-    return {node: frozenset(counts) for node, counts in model_jobs_by_node(jobs, serving_classes).items()}
-
-
 def top_models(counts: Mapping[str, int], limit: int) -> frozenset[str]:
     """The `limit` models with the most jobs (ties by name): a node's cap without history."""
     return frozenset(sorted(counts, key=lambda name: (-counts[name], name))[:limit])
@@ -267,19 +262,15 @@ def plan_cycle(
 ModelSightings = dict[tuple[str, str], float]
 
 
-def record_sightings(sightings: ModelSightings, served: Mapping[str, frozenset[str]], nodes: Sequence[NodeInfo],
-                     now: float, linger_s: float) -> ModelSightings:
-    """Last time each (node, model feature) was served; features found on nodes without a
-    record (a publisher restart) count as last served one linger ago, so they are unlisted
-    now and removed only after the unlist grace."""
+def record_sightings(sightings: ModelSightings, nodes: Sequence[NodeInfo], now: float, linger_s: float) -> ModelSightings:
+    """`sightings` with the model features found on nodes without a record (a publisher restart),
+    counted as last served one linger ago, so they are unlisted now and removed only after the
+    unlist grace. What is served now is recorded by `cap_sightings`."""
     updated = dict(sightings)
     for node in nodes:
         for feature in node.available_features:
             if feature.startswith("model_"):
                 updated.setdefault((node.name, feature), now - linger_s)
-    for node_name, features in served.items():
-        for feature in features:
-            updated[(node_name, feature)] = now
     return updated
 
 

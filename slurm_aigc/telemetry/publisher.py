@@ -54,7 +54,6 @@ from slurm_aigc.telemetry.publish_plan import (
     listable_models,
     merge_ours,
     model_jobs_by_node,
-    models_by_node,
     node_view,
     parse_comment_tags,
     plan_cycle,
@@ -71,7 +70,7 @@ LOG = logging.getLogger(__name__)
 # The planner's names, importable from here as before the split.
 __all__ = [
     "LISTING_HEADER", "IslandSource", "ModelSightings", "NodePlan", "Publisher", "dynamic_features", "island_use",
-    "islands_from_features", "lingering_models", "listable_models", "listing_lines", "models_by_node", "node_view",
+    "islands_from_features", "lingering_models", "listable_models", "listing_lines", "node_view",
     "open_publisher", "parse_comment_tags", "plan_cycle", "plan_node", "published_lines",
     "record_sightings", "served_model", "write_lines_atomically",
 ]
@@ -193,7 +192,7 @@ class Publisher:
         """(model features to publish per node, (node, feature) pairs the hook may --prefer)."""
         linger, grace = self.config.model_linger_s, self.config.model_unlist_grace_s
         served = model_jobs_by_node(jobs, self.config.serving_classes)
-        sightings = record_sightings(self._sightings, {}, nodes, now, linger)
+        sightings = record_sightings(self._sightings, nodes, now, linger)
         self._sightings = cap_sightings(sightings, served, now, linger, grace, self.config.max_models_per_node)
         return lingering_models(self._sightings, now, linger + grace), listable_models(self._sightings, now, linger)
 
