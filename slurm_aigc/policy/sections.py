@@ -268,6 +268,10 @@ def storage_section(node: Node) -> StorageConfig:
 LEARNED_READ_S_PER_ENTRY = 0.042 / 10_000
 LEARNED_READ_SHARE = 0.01
 LEARNED_MAX_ENTRIES = 100_000
+# `refresh_seconds: 0` re-reads the table at every submit: allowed only for tables this small
+# (~0.4 ms a read, about twice what slurmctld spends on a submit RPC), where test setups need
+# a new table read at once. A 10,000-entry table read per submit would cap submits near 24 a second.
+LEARNED_PER_SUBMIT_MAX_ENTRIES = 100
 
 
 def learned_section(node: Node) -> LearnedConfig:
@@ -294,10 +298,16 @@ def learned_section(node: Node) -> LearnedConfig:
 
 
 def _learned_refresh(node: Node, default: int, max_entries: int) -> int:
-    """`learned.refresh_seconds`: 0 (re-read at every submit: test setups), else long enough that
-    re-reading a full table costs slurmctld at most `LEARNED_READ_SHARE` of its time."""
+    """`learned.refresh_seconds`: 0 (re-read at every submit: test setups, small tables only), else
+    long enough that re-reading a full table costs slurmctld at most `LEARNED_READ_SHARE` of its time."""
     seconds = integer(node, "refresh_seconds", default, minimum=0)
-    least = math.ceil(round(max_entries * LEARNED_READ_S_PER_ENTRY / LEARNED_READ_SHARE, 6))  # 42.000000001 is 42
+    if seconds == 0 and max_entries > LEARNED_PER_SUBMIT_MAX_ENTRIES:
+        raise node.child("refresh_seconds").error(
+            f"0 (re-read at every submit) needs max_entries <= {LEARNED_PER_SUBMIT_MAX_ENTRIES}, got max_entries "
+            f"{max_entries}: every submit would re-read up to {max_entries} lines inside slurmctld "
+            f"(~{max_entries * LEARNED_READ_S_PER_ENTRY * 1000:.1f} ms, docs/hook.md); set refresh_seconds to at least "
+            f"{_least_refresh(max_entries)} or lower max_entries")
+    least = _least_refresh(max_entries)
     if 0 < seconds < least:
         raise node.child("refresh_seconds").error(
             f"expected at least {least} s with max_entries {max_entries}, got {seconds}: the hook re-reads up to "
@@ -305,3 +315,7 @@ def _learned_refresh(node: Node, default: int, max_entries: int) -> int:
             f"docs/hook.md), and more often than that would cost over 1 % of its time; lower max_entries or "
             f"raise refresh_seconds")
     return seconds
+
+
+def _least_refresh(max_entries: int) -> int:
+    return math.ceil(round(max_entries * LEARNED_READ_S_PER_ENTRY / LEARNED_READ_SHARE, 6))  # 42.000000001 is 42

@@ -42,7 +42,7 @@ def learned_policy(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> It
                                                  6, 6, 6000.0)]))
     table.chmod(0o644)
     document = yaml.safe_load(shipped_policy().read_text())
-    document["learned"].update(enabled=True, file=str(table), refresh_seconds=0)
+    document["learned"].update(enabled=True, file=str(table), refresh_seconds=0, max_entries=100)
     with hook_with_policy(cluster, document, directory / "policy.yaml") as policy_file:
         yield policy_file
 

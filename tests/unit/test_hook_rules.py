@@ -307,7 +307,7 @@ def test_a_batch_job_cannot_claim_to_be_interactive(hook: HookRuntime) -> None:
 def test_learned_defaults_never_take_interactive_away(tmp_path: Path) -> None:
     table = tmp_path / "learned.txt"
     table.write_bytes(b"# slurm-aigc learned defaults v1\n1001 sd-gen train 20 0.4 5 5 - aigc-alice\n")
-    hook = runtime_for(tmp_path, learned={"enabled": True, "file": str(table), "refresh_seconds": 0})
+    hook = runtime_for(tmp_path, learned={"enabled": True, "file": str(table), "refresh_seconds": 0, "max_entries": 100})
     batch = submit(hook, name="sd-gen-0099", tres_per_node="gres:gpu:1")
     assert batch.job_class == "train" and trusted_tags(batch.after["admin_comment"])["learned"] == "1"
     # An untagged salloc named like the owner's batch jobs stays an exempt session.
@@ -321,7 +321,7 @@ def test_learned_defaults_leave_jobs_without_gpus_alone(tmp_path: Path) -> None:
     # named alike, must not get the infer class (its qos, its time limit) from the table.
     table = tmp_path / "learned.txt"
     table.write_bytes(b"# slurm-aigc learned defaults v1\n1001 prep infer 20 0.4 5 5 - aigc-alice\n")
-    hook = runtime_for(tmp_path, learned={"enabled": True, "file": str(table), "refresh_seconds": 0})
+    hook = runtime_for(tmp_path, learned={"enabled": True, "file": str(table), "refresh_seconds": 0, "max_entries": 100})
     cpu = submit(hook, name="prep-0007")
     assert cpu.job_class == "unknown" and set(cpu.changes) == {"admin_comment"} and cpu.messages == []
     for gres in ("gres:gpu:1", "gres/gpu:a100:1", "gres:shard:20", "gpu:1,gres:shard:8"):

@@ -266,7 +266,7 @@ def runtime(tmp_path: Path, entries: list[LearnedEntry] | None = None, *, enable
         path.write_bytes(raw if raw is not None else format_table(entries or []))
     document = yaml.safe_load(shipped_policy().read_text())
     document["rewrites"]["model_prefer"]["published_features_file"] = str(tmp_path / "published.txt")
-    document["learned"] = {"enabled": enabled, "file": str(path), "refresh_seconds": 0, **learned}
+    document["learned"] = {"enabled": enabled, "file": str(path), "refresh_seconds": 0, "max_entries": 100, **learned}
     return HookRuntime(render_hook(parse_policy_text(yaml.safe_dump(document), "test-policy.yaml")))
 
 

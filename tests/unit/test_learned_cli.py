@@ -27,7 +27,7 @@ def setup(tmp_path: Path, entries: list[LearnedEntry], enabled: bool = True) -> 
     table.write_bytes(format_table(entries))
     table.chmod(0o644)
     document = yaml.safe_load(shipped_policy().read_text())
-    document["learned"].update(enabled=enabled, file=str(table), refresh_seconds=0)
+    document["learned"].update(enabled=enabled, file=str(table), refresh_seconds=0, max_entries=100)
     policy = tmp_path / "policy.yaml"
     policy.write_text(yaml.safe_dump(document))
     return policy

@@ -424,6 +424,9 @@ def test_only_the_prefix_the_publisher_writes_is_accepted(prefix: str) -> None:
     ({"max_entries": 100_001}, "learned.max_entries", "1..100000"),
     ({"refresh_seconds": 4}, "learned.refresh_seconds", "at least 5 s with max_entries 10000"),
     ({"max_entries": 100_000, "refresh_seconds": 41}, "learned.refresh_seconds", "at least 42 s"),
+    # Re-read at every submit: a 10,000-line table would be read inside slurmctld per submit.
+    ({"refresh_seconds": 0}, "learned.refresh_seconds", "needs max_entries <= 100, got max_entries 10000"),
+    ({"max_entries": 101, "refresh_seconds": 0}, "learned.refresh_seconds", "at least 1 or lower max_entries"),
 ])
 def test_the_learned_table_is_bounded_by_what_the_hook_can_reread(learned: dict[str, Any], key: str, words: str) -> None:
     document = shipped()
@@ -435,7 +438,7 @@ def test_the_learned_table_is_bounded_by_what_the_hook_can_reread(learned: dict[
 
 def test_learned_refresh_limits_that_are_accepted() -> None:
     document = shipped()
-    for entries, seconds in ((10_000, 5), (100_000, 42), (1_000, 1), (10_000, 0)):
+    for entries, seconds in ((10_000, 5), (100_000, 42), (1_000, 1), (100, 0)):
         document["learned"].update(max_entries=entries, refresh_seconds=seconds)
         assert parse(document).learned.refresh_seconds == seconds
 
