@@ -581,23 +581,37 @@ def dialect_name(factory: sessionmaker[Session]) -> str:
 
 def connect_args(url: str | URL, timeout_s: int | None) -> dict[str, object]:
     """What the driver of `url` is handed when it connects: the connect timeout, and the read/write
-    (PyMySQL and MySQL drivers) or statement timeout (libpq: psycopg) when `timeout_s` is set."""
+    (PyMySQL and MySQL drivers) or statement timeout (libpq: psycopg) when `timeout_s` is set;
+    psycopg 3 prepares no statement on the server (PgBouncer, docs/deploy.md).
+
+    A setting the URL's query gives (`?connect_timeout=30`) is the site's and stays: SQLAlchemy
+    lets these arguments override the query, so they leave it out. The URL's libpq `options`
+    (`-csearch_path=aigc`) are kept, after our statement_timeout so that theirs wins.
+    """
     parsed = make_url(url)
     backend, driver = parsed.get_backend_name(), parsed.get_driver_name()
     if backend == "sqlite":
         return {"timeout": 30}  # seconds a writer waits for another's lock
+    args: dict[str, object] = {}
     if backend in ("mysql", "mariadb"):
         bounded = {} if timeout_s is None else {"read_timeout": timeout_s, "write_timeout": timeout_s}
-        return {"connect_timeout": CONNECT_TIMEOUT_S, **bounded}
-    if backend == "postgresql" and driver in ("psycopg", "psycopg2"):
+        args = {"connect_timeout": CONNECT_TIMEOUT_S, **bounded}
+    elif backend == "postgresql" and driver in ("psycopg", "psycopg2"):
         # statement_timeout is enforced by the server; the keepalives find a host or link that
         # died while we wait for an answer (after 30 s idle, 3 probes 10 s apart).
-        args: dict[str, object] = {"connect_timeout": CONNECT_TIMEOUT_S, "keepalives": 1, "keepalives_idle": 30,
-                                   "keepalives_interval": 10, "keepalives_count": 3}
+        args = {"connect_timeout": CONNECT_TIMEOUT_S, "keepalives": 1, "keepalives_idle": 30,
+                "keepalives_interval": 10, "keepalives_count": 3}
         if timeout_s is not None:
-            args["options"] = f"-c statement_timeout={timeout_s * 1000}"
-        return args
-    return {}
+            given = parsed.query.get("options")
+            theirs = " ".join([given] if isinstance(given, str) else list(given or ()))
+            args["options"] = f"-c statement_timeout={timeout_s * 1000} {theirs}".strip()
+        if driver == "psycopg":
+            # No server-side prepared statements: psycopg 3 prepares every executemany (an agent's first
+            # poll), and PgBouncer in transaction mode runs the next transaction on another server
+            # connection, where "_pg3_N" does not exist (PgBouncer < 1.21, or max_prepared_statements = 0).
+            # The cost, 0.4 ms of server CPU per 8-GPU poll: docs/deploy.md, "Connections".
+            args["prepare_threshold"] = None
+    return {key: value for key, value in args.items() if key == "options" or key not in parsed.query}
 
 
 def _engine(url: str | URL, timeout_s: int | None) -> Engine:

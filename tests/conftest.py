@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import os
 import shlex
+import socket
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -145,6 +146,29 @@ def postgresql() -> Iterator[DatabaseServer]:
         pytest.skip(f"PostgreSQL leg: {PG_URL_ENV} does not answer: {error}")
     yield server
     server.drop_all()
+
+
+# Opt-in PgBouncer leg (with the PostgreSQL leg): a PgBouncer in transaction mode in front of the
+# server of SLURM_AIGC_TEST_PG_URL, by host and port, e.g. postgresql+psycopg://127.0.0.1:6432; what
+# it must be configured with: tests/unit/test_pgbouncer.py.
+PGBOUNCER_URL_ENV = "SLURM_AIGC_TEST_PGBOUNCER_URL"
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(request: pytest.FixtureRequest) -> str:
+    """The PgBouncer named by $SLURM_AIGC_TEST_PGBOUNCER_URL (the PostgreSQL leg's server behind it);
+    skips, saying how to opt in, without it or when nothing listens there."""
+    url = os.environ.get(PGBOUNCER_URL_ENV)
+    if not url:
+        pytest.skip(f"PgBouncer leg: opt in with {PGBOUNCER_URL_ENV}=postgresql+psycopg://HOST:PORT (a PgBouncer "
+                    f"in transaction mode in front of {PG_URL_ENV}'s server; see tests/unit/test_pgbouncer.py)")
+    request.getfixturevalue("postgresql")
+    address = make_url(url)
+    try:
+        socket.create_connection((address.host or "localhost", address.port or 6432), timeout=5).close()
+    except OSError as error:
+        pytest.skip(f"PgBouncer leg: nothing answers at {PGBOUNCER_URL_ENV}={url}: {error}")
+    return url
 
 
 @pytest.fixture(params=["sqlite", "mariadb", "postgresql"])

@@ -263,9 +263,23 @@ def test_connect_args_bound_connecting_and_each_read_or_statement() -> None:
     assert db.connect_args("mariadb+pymysql://u:p@h/d", None) == {"connect_timeout": 10}
     pg = db.connect_args("postgresql+psycopg://u:p@h/d", 60)
     assert pg == {"connect_timeout": 10, "options": "-c statement_timeout=60000", "keepalives": 1,
-                  "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3}
+                  "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3,
+                  "prepare_threshold": None}
     assert "options" not in db.connect_args("postgresql+psycopg://u:p@h/d", None)
     assert db.connect_args("sqlite:////tmp/x.db", 60) == {"timeout": 30}
+
+
+def test_connect_args_keep_what_the_url_sets() -> None:
+    # SQLAlchemy lets connect_args override the URL's query: a site's search_path in `options`
+    # was dropped for our statement_timeout, and the daemons created their tables in `public`.
+    pg = db.connect_args("postgresql+psycopg://u:p@h/d?options=-csearch_path%3Daigc&connect_timeout=30", 60)
+    assert pg["options"] == "-c statement_timeout=60000 -csearch_path=aigc"
+    assert "connect_timeout" not in pg and pg["keepalives"] == 1
+    assert db.connect_args("postgresql+psycopg://u:p@h/d?options=-csearch_path%3Daigc", None) == {
+        "connect_timeout": 10, "keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
+        "keepalives_count": 3, "prepare_threshold": None}
+    assert db.connect_args("mysql+pymysql://u:p@h/d?read_timeout=900", 60) == {"connect_timeout": 10,
+                                                                                "write_timeout": 60}
 
 
 @pytest.mark.parametrize("url", ["mysql+pymysql://u:p@h/d", "postgresql+psycopg://u:p@h/d"])
