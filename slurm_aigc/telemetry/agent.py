@@ -82,8 +82,9 @@ def static_features(reading: NodeReading, islands: Sequence[Sequence[int]] | Non
     if any(gpu.mig and not gpu.lost for gpu in reading.gpus):
         found.add(feat.MIG_FEATURE)
     if islands:
+        # What the publisher will read back from `nvlink<N>` must be true (features.consecutive_islands).
         mig = {gpu.index for gpu in reading.gpus if gpu.mig}
-        found.update(feat.nvlink_features([[i for i in island if i not in mig] for island in islands]))
+        found.update(feat.nvlink_features(feat.consecutive_islands(islands, len(reading.gpus), mig)))
     return tuple(sorted(found))
 
 

@@ -5,7 +5,8 @@ Static features (the agent, from the node's own GPUs):
 * GPU type: `a100`, `h100`, `t4`, `l40s`, `rtx3090` ... (from the NVML name);
 * memory class: `vram<N>g` with N the marketed size in GB (`vram80g`, `vram16g`);
 * NVLink: `nvlink` when the node has an NVLink island of 2+ GPUs, and `nvlink<N>` with N
-  the size of its largest island (`nvlink8` on a DGX/HGX A100).
+  the size of its largest island (`nvlink8` on a DGX/HGX A100) when its islands are runs of
+  consecutive indices, as the publisher reads them back (`consecutive_islands`).
 
 Dynamic features (the publisher, from allocations and jobs):
 
@@ -95,6 +96,27 @@ def nvlink_features(islands: Sequence[Sequence[int]]) -> tuple[str, ...]:
     """[[0..7]] -> ('nvlink', 'nvlink8'); only singletons (PCIe) -> ()."""
     largest = max((len(island) for island in islands), default=0)
     return ("nvlink", f"nvlink{largest}") if largest >= 2 else ()
+
+
+def consecutive_islands(islands: Sequence[Sequence[int]], gpu_count: int,
+                        skip: Collection[int] = frozenset()) -> list[list[int]]:
+    """The islands the publisher can assume from `nvlink<N>`: runs of N consecutive GPU indices
+    from GPU 0 (`publish_plan.islands_from_features`, which knows no more than the feature), N the
+    largest size for which every run lies within one of the real `islands`. GPUs in `skip` (MIG
+    mode) are left out of the runs.
+
+    Every board seen so far numbers its islands so (DGX-1 quads, NVSwitch, bridge pairs): then
+    this is the real layout. A board whose bridges pair GPU0 with GPU2 gets the size at which the
+    assumption holds (none: no `nvlink` feature), never `nvfree2` on two GPUs without a link.
+    """
+    where = {gpu: number for number, island in enumerate(islands) for gpu in island}
+    for size in range(max((len(island) for island in islands), default=1), 1, -1):
+        runs = [[gpu for gpu in range(start, min(start + size, gpu_count)) if gpu not in skip]
+                for start in range(0, gpu_count, size)]
+        if all(len(run) <= 1 or (run[0] in where and {where.get(gpu) for gpu in run} == {where[run[0]]})
+               for run in runs):
+            return [run for run in runs if run]
+    return [[gpu] for gpu in range(gpu_count) if gpu not in skip]
 
 
 def nvfree_features(largest_free_set: int) -> tuple[str, ...]:

@@ -117,7 +117,12 @@ def node_view(node: NodeInfo, mean_util_pct: float | None, models: frozenset[str
     busy_count, busy = gres_busy_gpus(node.gres_used)
     if not node.gres_used:  # GresUsed is printed only by `scontrol -d`: fall back to counts
         busy_count = alloc_tres_gpus(node.fields.get("AllocTRES", ""))
-    layout = islands if islands is not None else islands_from_features(total, node.available_features)
+    if feat.MIG_FEATURE in node.available_features:
+        # Slurm's GPU indices count MIG instances there, not NVML's GPUs: no index is known to
+        # sit on an NVLink island, so no `nvfree<k>` (the remembered islands included).
+        layout: Sequence[Sequence[int]] = [[index] for index in range(total)]
+    else:
+        layout = islands if islands is not None else islands_from_features(total, node.available_features)
     return NodeView(
         name=node.name, gpus_total=total, gpus_alloc=min(busy_count, total),
         islands=island_use(layout, busy, busy_count), mean_util_pct=mean_util_pct, models_serving=models,

@@ -140,6 +140,34 @@ def test_islands_from_the_agents_nvlink_feature() -> None:
     assert islands_from_features(4, ["t4"]) == [[0], [1], [2], [3]]
 
 
+def test_the_agent_publishes_only_an_island_size_the_publisher_reads_back_truly() -> None:
+    # The publisher knows a node's islands only as runs of N consecutive indices (nvlink<N>).
+    assert feat.consecutive_islands([[0, 1, 2, 3], [4, 5, 6, 7]], 8) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert feat.consecutive_islands([[0, 1, 2], [3]], 4) == [[0, 1, 2], [3]]
+    # Bridges pairing GPU0-GPU2 and GPU1-GPU3: runs of 2 would be [0, 1] and [2, 3], no link in either.
+    crossed = feat.consecutive_islands([[0, 2], [1, 3]], 4)
+    assert crossed == [[0], [1], [2], [3]] and feat.nvlink_features(crossed) == ()
+    # Eight linked GPUs in two cliques of 4 numbered apart: only runs of 2 hold.
+    assert feat.consecutive_islands([[0, 1, 4, 5], [2, 3, 6, 7]], 8) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    # MIG GPUs (skipped) leave the whole ones their island.
+    assert feat.consecutive_islands([list(range(8))], 8, skip={0, 1, 2, 3}) == [[4, 5, 6, 7]]
+    for islands, count in (([[0, 2], [1, 3]], 4), ([[0, 1, 4, 5], [2, 3, 6, 7]], 8), ([[0, 1, 2, 3], [4, 5, 6, 7]], 8)):
+        published = feat.nvlink_features(feat.consecutive_islands(islands, count))
+        read_back = islands_from_features(count, list(published))
+        assert all(any(set(run) <= set(island) for island in islands) for run in read_back if len(run) > 1)
+
+
+def test_no_nvfree_on_a_node_with_mig_gpus() -> None:
+    # Slurm's GPU indices count MIG instances there: free instances are no NVLink island.
+    fake = FakeNode("dgx-01", features=["a100", "mig", "nvlink", "nvlink4"], gres="gpu:8", gres_used="gpu:0(IDX:N/A)")
+    node = node_from_json(fake.record(new=False))
+    assert node_view(node, 0.0, frozenset()).free_nvlink_set == 1
+    assert node_view(node, 0.0, frozenset(), [[0, 1, 2, 3], [4, 5, 6, 7]]).free_nvlink_set == 1  # remembered
+    whole = node_from_json(FakeNode("dgx-02", features=["a100", "nvlink", "nvlink4"], gres="gpu:8",
+                                    gres_used="gpu:0(IDX:N/A)").record(new=False))
+    assert node_view(whole, 0.0, frozenset()).free_nvlink_set == 4
+
+
 def test_node_view_free_sets_from_gres_used() -> None:
     fake = FakeNode("a100-01", features=["a100", "nvlink8"], gres_used="gpu:a100:2(IDX:0-1)," + SHARDS_IDLE)
     view = node_view(node_from_json(fake.record(new=False)), 30.0, frozenset())
