@@ -282,14 +282,19 @@ def learned_section(node: Node) -> LearnedConfig:
     path = absolute_path(node, "file", base.file)
     if path is None:  # the hook and the controller must agree on one file; `enabled: false` turns it off
         raise node.child("file").error("expected an absolute path (turn learning off with enabled: false)")
-    max_entries = integer(node, "max_entries", base.max_entries, minimum=1, maximum=LEARNED_MAX_ENTRIES)
+    enabled = flag(node, "enabled", base.enabled)
+    # The bounds on what the hook re-reads apply only when it reads the table: a file that was
+    # valid before these bounds, with learning off, must not keep every daemon from starting.
+    max_entries = integer(node, "max_entries", base.max_entries, minimum=1,
+                          maximum=LEARNED_MAX_ENTRIES if enabled else None)
     return LearnedConfig(
-        enabled=flag(node, "enabled", base.enabled),
+        enabled=enabled,
         file=path,
         min_jobs=integer(node, "min_jobs", base.min_jobs, minimum=1),
         max_age_days=number(node, "max_age_days", base.max_age_days, above=0, what="number of days"),
         max_entries=max_entries,
-        refresh_seconds=_learned_refresh(node, base.refresh_seconds, max_entries),
+        refresh_seconds=(_learned_refresh(node, base.refresh_seconds, max_entries) if enabled
+                         else integer(node, "refresh_seconds", base.refresh_seconds, minimum=0)),
         interval_s=number(node, "interval_s", base.interval_s, above=0),
         vram_margin_pct=number(node, "vram_margin_pct", base.vram_margin_pct, minimum=0, maximum=1000, what="percentage"),
         max_vram_spread=number(node, "max_vram_spread", base.max_vram_spread, minimum=1, what="ratio (p95 / median)"),

@@ -430,16 +430,20 @@ def test_only_the_prefix_the_publisher_writes_is_accepted(prefix: str) -> None:
 ])
 def test_the_learned_table_is_bounded_by_what_the_hook_can_reread(learned: dict[str, Any], key: str, words: str) -> None:
     document = shipped()
-    document["learned"].update(learned)
+    document["learned"].update(learned, enabled=True)
     with pytest.raises(ConfigError) as caught:
         parse(document)
     assert caught.value.key_path == key and words in caught.value.problem
+    # With learning off the hook reads no table: a file valid before these bounds still loads,
+    # or an upgrade would keep every agent and the controller from starting.
+    document["learned"]["enabled"] = False
+    assert parse(document).learned.enabled is False
 
 
 def test_learned_refresh_limits_that_are_accepted() -> None:
     document = shipped()
     for entries, seconds in ((10_000, 5), (100_000, 42), (1_000, 1), (100, 0)):
-        document["learned"].update(max_entries=entries, refresh_seconds=seconds)
+        document["learned"].update(max_entries=entries, refresh_seconds=seconds, enabled=True)
         assert parse(document).learned.refresh_seconds == seconds
 
 
