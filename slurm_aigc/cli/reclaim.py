@@ -137,6 +137,13 @@ def controller(config_file: str | None, db_url: str | None, interval_s: float | 
     # The learner, like the retention, belongs to the daemon, not to a one-off or one-job run.
     ctl, hooks = _controller(config_file, db_url, dry_run, publisher, jobs, learner=not (once or jobs))
     click.echo(f"slurm-aigc controller: {_mode(ctl.dry_run)}", err=True)
+    if publisher and interval_s is not None:
+        from slurm_aigc.policy.loader import load_policy
+        from slurm_aigc.policy.render import listing_interval_warning
+
+        warning = listing_interval_warning(load_policy(config_file), interval_s)
+        if warning:
+            LOG.warning("%s", warning)
     retention = None if once or jobs else _retention(config_file, db_url)
 
     def tick() -> None:

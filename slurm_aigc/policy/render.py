@@ -129,6 +129,20 @@ def listing_max_age_s(policy: Policy) -> int:
     return math.ceil(LISTING_CYCLES * cycle + policy.rewrites.model_prefer.refresh_seconds)
 
 
+def listing_interval_warning(policy: Policy, tick_s: float) -> str | None:
+    """Why a controller ticking every `tick_s` (its `--interval`) would leave the hook distrusting
+    the listing it writes, or None. The hook's limit is rendered from `reclaim.poll_interval_s`,
+    which the controller's command line does not change."""
+    cycle = math.ceil(policy.scoring.interval_s / tick_s) * tick_s
+    limit = listing_max_age_s(policy)
+    if LISTING_CYCLES * cycle + policy.rewrites.model_prefer.refresh_seconds <= limit:
+        return None
+    return (f"--interval {tick_s:g}: the publisher rewrites the published-features listing every {cycle:g} s, "
+            f"but the hook trusts it for {limit} s ({LISTING_CYCLES} cycles of reclaim.poll_interval_s "
+            f"{policy.reclaim.poll_interval_s:g} + refresh): one late cycle turns model preferences off; "
+            f"set reclaim.poll_interval_s in the policy instead")
+
+
 def policy_table(policy: Policy) -> dict[str, LuaValue]:
     """The data the hook reads as `P` (everything precomputed that can be)."""
     r, h = policy.rewrites, policy.hook

@@ -20,6 +20,7 @@ from slurm_aigc.policy.loader import load_policy, parse_policy_text
 from slurm_aigc.policy.paths import shipped_policy
 from slurm_aigc.policy.render import (
     MARKER,
+    listing_interval_warning,
     listing_max_age_s,
     lua_string,
     lua_value,
@@ -98,3 +99,12 @@ def test_the_hook_trusts_the_listing_three_publisher_cycles_plus_its_refresh() -
     document["rewrites"]["model_prefer"]["refresh_seconds"] = 20
     document["scoring"]["model_unlist_grace_s"] = 45
     assert listing_max_age_s(parse_policy_text(yaml.safe_dump(document), "p.yaml")) == 3 * 30 + 20
+
+
+def test_a_controller_interval_the_hook_was_not_rendered_for_is_warned_about() -> None:
+    # The hook's limit comes from reclaim.poll_interval_s; `controller --interval` does not reach it.
+    policy = load_policy(shipped_policy())
+    assert listing_interval_warning(policy, 10) is None  # the rendered case: cycles every 30 s
+    assert listing_interval_warning(policy, 15) is None  # every 30 s still
+    warning = listing_interval_warning(policy, 25)  # a cycle every 50 s: 3 x 50 + 10 > 100
+    assert warning is not None and "every 50 s" in warning and "trusts it for 100 s" in warning
