@@ -114,8 +114,8 @@ def _retention(config_file: str | None, db_url: str | None) -> Callable[[], obje
     from slurm_aigc.report.retention import Retention, RetentionSchedule
 
     hours = load_policy(config_file, hook_sections=False).storage.raw_retention_hours
-    # Its own engine: one hour's rollup is one statement that may outlast the ticks' 60 s bound;
-    # the run itself stops at Retention's time budget, so a tick waits for one hour's work at most.
+    # Its own engine and the long statement timeout: a budgeted run's transactions are short, but
+    # one may still wait on locks; the run stops at Retention's time budget, inside an hour too.
     return RetentionSchedule(Retention(open_database(db_url, timeout_s=DB_LONG_TIMEOUT_S), hours), log=LOG.info)
 
 

@@ -4,15 +4,21 @@ rollups (`job_gpu_rollups`), then are deleted in bounded batches; the publisher'
 
 A rollup holds the sums `report` needs (used GPU-seconds, sampled seconds, peak memory), computed
 with the same slicing rule as the raw rows (`records.slices`), so a report over rolled-up hours
-gives the same totals. Each hour is rolled up in one transaction that also moves the mark
-(`retention_state.rolled_until`); only rows older than the mark are deleted, `batch_rows` per
-transaction, so a crash at any point neither loses nor double-counts an hour, and no
-transaction holds locks for long. Readers take raw rows at or after the mark and rollups before it.
+gives the same totals. Readers take raw rows at or after the mark (`retention_state.rolled_until`)
+and rollups before it. The hour at the mark is rolled up in short transactions (`_Hour`): its raw
+rows are read in time order, `batch_rows` a transaction, into compact per-GPU series in memory;
+then the series are rolled up in key order, about `batch_rows` raw rows a transaction, each
+replacing its series' rollups of the hour (delete, then insert); the transaction of the last one
+also moves the mark. Until then the hour's rollups are invisible (not before the mark) and its raw
+rows stay, so a crash at any point neither loses nor double-counts anything: a restart redoes the
+hour, replacing what an earlier attempt wrote. Only rows older than the mark are deleted,
+`batch_rows` per transaction, so no transaction holds locks for long.
 
 One `run` works for at most `budget_s` (it runs in the controller's tick): it stops between two
-transactions and the next run resumes from the mark. The first run on a database (no mark yet)
-starts at most `FIRST_RUN_LOOKBACK_S` before the retention window; older raw rows (a node whose
-clock said 2000) are deleted without a rollup, and logged.
+transactions, inside an hour too; the next run of the same `Retention` goes on where it stopped.
+The first run on a database (no mark yet) starts at most `FIRST_RUN_LOOKBACK_S` before the
+retention window; older raw rows (a node whose clock said 2000) are deleted without a rollup, and
+logged.
 """
 
 from __future__ import annotations
@@ -20,10 +26,10 @@ from __future__ import annotations
 import logging
 import math
 import time
+from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from itertools import groupby
 
 from sqlalchemy import ColumnElement, and_, delete, func, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -42,18 +48,18 @@ from slurm_aigc.report.records import DEFAULT_INTERVAL_S, GAP_FACTOR, SampleSlic
 BUCKET_S = 3600.0
 DEFAULT_BATCH_ROWS = 5000
 DEFAULT_RAW_RETENTION_HOURS = 48.0  # the policy's `storage.raw_retention_hours` default
-# Seconds one `run` may work before it stops between two transactions. The unit it cannot split
-# is one hour's rollup (docs/deploy.md, "Retention", gives its cost at 1,000 nodes).
+# Seconds one `run` may work before it stops between two transactions: the controller's tick
+# waits for it. A transaction reads or rolls up about `batch_rows` raw rows (well under 1 s).
 DEFAULT_BUDGET_S = 5.0
 # The first run rolls up at most this much before the retention window: a week of history that
 # predates retention is kept, while one sample from a year-2000 clock costs no 230,000 hours.
 FIRST_RUN_LOOKBACK_S = 7 * 24 * BUCKET_S
 LOG = logging.getLogger(__name__)
 _Pruned = type[JobGpuSample] | type[GpuSample] | type[ProcessSample] | type[NodePublication]
-_READ_BATCH = 5000
 # Rows read past an hour's end: each series' last sample in the hour needs its successor for its
 # duration (`slices`), which counts gaps up to GAP_FACTOR poll intervals (here polls up to 200 s).
 _LOOKAHEAD_S = 200.0 * GAP_FACTOR
+_Key = tuple[str, str, int]  # job_id, node, gpu_index: one GPU series
 
 
 @dataclass
@@ -66,13 +72,60 @@ class RetentionResult:
     deleted: dict[str, int] = field(default_factory=dict)
     rollup_s: float = 0.0
     delete_s: float = 0.0
-    finished: bool = True  # False: the budget ran out; the next run goes on from the mark
+    finished: bool = True  # False: the budget ran out; the next run goes on
+    partial_hour: bool = False  # it ran out inside an hour: the mark stays until the hour is done
 
 
 def rolled_until(session: Session) -> float | None:
     """The retention mark: raw rows before it are rolled up (and may be gone)."""
     value = session.scalar(select(RetentionState.rolled_until).where(RetentionState.id == 1))
     return None if value is None else float(value)
+
+
+@dataclass
+class _Series:
+    """One GPU series' raw rows of the hour being rolled up, 16 bytes a row (8,000 GPUs at 10 s:
+    about 55 MB for the hour), kept between runs."""
+
+    ts: array[float] = field(default_factory=lambda: array("d"))
+    util: array[float] = field(default_factory=lambda: array("d"))  # NaN: unknown
+    # Over the hour's own rows, not those read past its end (what `rollup` takes from the slices).
+    memory_used_mib_max: float | None = None
+    memory_total_mib: float | None = None
+
+    def add(self, ts: float, util: float | None, used: float | None, total: float | None, in_hour: bool) -> None:
+        self.ts.append(ts)
+        self.util.append(math.nan if util is None else util)
+        if in_hour:
+            self.memory_used_mib_max = _max(self.memory_used_mib_max, used)
+            self.memory_total_mib = _max(self.memory_total_mib, total)
+
+    def rollup(self, key: _Key, bucket: float, interval_s: float) -> JobGpuRollup:
+        """The row `rollup` makes of the series' slices; the memory maxima are kept as the rows came."""
+        raw = [(*key, ts, None if math.isnan(util) else util, None, None) for ts, util in zip(self.ts, self.util, strict=True)]
+        row = rollup(bucket, [p for p in slices(raw, interval_s) if p.ts < bucket + BUCKET_S])
+        row.memory_used_mib_max, row.memory_total_mib = self.memory_used_mib_max, self.memory_total_mib
+        return row
+
+
+@dataclass
+class _Hour:
+    """The hour at the mark, rolled up one transaction at a time across runs (`Retention._step`).
+
+    Its raw rows are read in time order, through the ts index (no sort): a query in series order
+    makes the server sort the whole hour before the first row (7 s for 8,000 GPUs on MariaDB),
+    and without a (job, ts) index each chunk of series would scan the hour again.
+    """
+
+    bucket: float
+    read_from: float  # the next raw row's ts; reading is done at `end`
+    series: dict[_Key, _Series] = field(default_factory=dict)
+    keys: list[_Key] | None = None  # once every row is read: the series in the order they are written
+    written: int = 0  # how many of `keys` are rolled up
+
+    @property
+    def end(self) -> float:
+        return self.bucket + BUCKET_S + _LOOKAHEAD_S
 
 
 class Retention:
@@ -91,6 +144,7 @@ class Retention:
         self._budget_s = budget_s
         self._clock = clock
         self._monotonic = monotonic
+        self._hour: _Hour | None = None  # the hour a run stopped inside; a restart starts it again
 
     def run(self, now_ts: float | None = None) -> RetentionResult:
         """Roll up every whole hour older than the retention, then delete what is rolled up, for at
@@ -105,12 +159,19 @@ class Retention:
     def _roll_up(self, cutoff: float, deadline: float, result: RetentionResult) -> None:
         started = self._monotonic()
         bucket = self._first_bucket(cutoff)
+        steps = 0
         while bucket is not None and bucket < cutoff:
-            if result.hours_rolled and self._monotonic() >= deadline:  # one hour at least: progress
+            if steps and self._monotonic() >= deadline:  # one transaction at least: progress
                 result.finished = False
+                result.partial_hour = self._hour is not None
                 break
-            self._roll_bucket(bucket, result)
-            bucket += BUCKET_S
+            if self._hour is None or self._hour.bucket != bucket:  # new, or the mark moved elsewhere
+                self._hour = _Hour(bucket, read_from=bucket)
+            steps += 1
+            if self._step(self._hour, result):
+                self._hour = None
+                result.hours_rolled += 1
+                bucket += BUCKET_S
         result.rollup_s = self._monotonic() - started
 
     def _prune(self, cutoff: float, deadline: float, result: RetentionResult) -> None:
@@ -129,47 +190,82 @@ class Retention:
     def _first_bucket(self, cutoff: float) -> float | None:
         """The mark, else the hour of the oldest raw row of any table (a node whose GPUs have not
         run a job yet still fills `gpu_samples`, which must not wait for a first job's sample), but
-        no earlier than `FIRST_RUN_LOOKBACK_S` before `cutoff`: the mark is then set there, so the
-        older rows are deleted without a rollup."""
+        no earlier than `FIRST_RUN_LOOKBACK_S` before `cutoff`: the older rows are deleted without
+        a rollup. The mark is set there before the first hour is rolled up, so a restart inside
+        that hour goes on from it (the lookback bound has moved by then)."""
         with transaction(self._factory) as session:
             mark = rolled_until(session)
             if mark is not None:
                 return mark
             found = [session.scalar(select(func.min(model.ts))) for model in (JobGpuSample, GpuSample, ProcessSample)]
-        oldest = [float(ts) for ts in found if ts is not None]
-        if not oldest:
-            return None
-        start = math.floor(min(oldest) / BUCKET_S) * BUCKET_S
-        earliest = cutoff - FIRST_RUN_LOOKBACK_S
-        if start >= earliest:
-            return start
-        LOG.warning("retention: raw samples go back to %s, more than %g days before the retention window "
-                    "(a node's clock?); those before %s are deleted without a rollup", _iso(min(oldest)),
-                    FIRST_RUN_LOOKBACK_S / 86400, _iso(earliest))
-        with transaction(self._factory) as session:
-            _set_mark(session, earliest)
-        return earliest
+            oldest = [float(ts) for ts in found if ts is not None]
+            if not oldest:
+                return None
+            start = math.floor(min(oldest) / BUCKET_S) * BUCKET_S
+            earliest = cutoff - FIRST_RUN_LOOKBACK_S
+            if start < earliest:
+                LOG.warning("retention: raw samples go back to %s, more than %g days before the retention window "
+                            "(a node's clock?); those before %s are deleted without a rollup", _iso(min(oldest)),
+                            FIRST_RUN_LOOKBACK_S / 86400, _iso(earliest))
+                start = earliest
+            if start < cutoff:
+                _set_mark(session, start)
+        return start
 
-    def _roll_bucket(self, bucket: float, result: RetentionResult) -> None:
+    def _step(self, hour: _Hour, result: RetentionResult) -> bool:
+        """One transaction of `hour`'s rollup: read raw rows, or roll up series; True once the hour
+        is done (the mark moved past it)."""
+        if hour.keys is None:
+            self._read(hour, result)
+            return False
+        return self._write(hour, result)
+
+    def _read(self, hour: _Hour, result: RetentionResult) -> None:
+        """The next `batch_rows` raw rows of the hour (and of `_LOOKAHEAD_S` past it), oldest first."""
         query = select(
             JobGpuSample.job_id, JobGpuSample.node, JobGpuSample.gpu_index, JobGpuSample.ts,
             JobGpuSample.sm_util_pct, JobGpuSample.memory_used_mib, JobGpuSample.memory_total_mib,
-        ).where(JobGpuSample.ts >= bucket, JobGpuSample.ts < bucket + BUCKET_S + _LOOKAHEAD_S)
-        query = query.order_by(JobGpuSample.job_id, JobGpuSample.node, JobGpuSample.gpu_index, JobGpuSample.ts)
+        ).where(JobGpuSample.ts >= hour.read_from, JobGpuSample.ts < hour.end).order_by(JobGpuSample.ts)
         with transaction(self._factory) as session:
-            rows: list[JobGpuRollup] = []
-            stream = session.execute(query.execution_options(yield_per=_READ_BATCH))
-            for _, series in groupby(stream, key=lambda row: (row[0], row[1], row[2])):
-                raw = [tuple(row) for row in series]
-                result.raw_rows_read += len(raw)
-                pieces = [p for p in slices(raw, self._interval_s) if p.ts < bucket + BUCKET_S]  # type: ignore[arg-type]
-                if pieces:
-                    rows.append(rollup(bucket, pieces))
-            session.execute(delete(JobGpuRollup).where(JobGpuRollup.bucket_ts == bucket))
-            session.add_all(rows)
-            _set_mark(session, bucket + BUCKET_S)
-        result.hours_rolled += 1
+            rows = list(session.execute(query.limit(self._batch)).all())
+            read_from = hour.end
+            if len(rows) == self._batch:  # the last instant's rows may go on past the limit: read it next
+                read_from = rows[-1][3]
+                rows = [row for row in rows if row[3] < read_from]
+                if not rows:  # more than `batch_rows` rows at one instant: all of them at once
+                    rows = list(session.execute(query.where(JobGpuSample.ts == read_from)).all())
+                    read_from = math.nextafter(read_from, math.inf)
+        hour_end = hour.bucket + BUCKET_S
+        for job_id, node, gpu_index, ts, util, used, total in rows:
+            series = hour.series.get((job_id, node, gpu_index))
+            if series is None and ts < hour_end:  # a series only past the hour's end has no rollup here
+                series = hour.series[(job_id, node, gpu_index)] = _Series()
+            if series is not None:
+                series.add(ts, util, used, total, ts < hour_end)
+        result.raw_rows_read += len(rows)
+        hour.read_from = read_from
+        if read_from >= hour.end:
+            hour.keys = sorted(hour.series)
+
+    def _write(self, hour: _Hour, result: RetentionResult) -> bool:
+        """Roll up the next series, about `batch_rows` raw rows (one series at least), replacing
+        their rollups of the hour; with the last, move the mark."""
+        assert hour.keys is not None
+        stop, size = hour.written, 0
+        while stop < len(hour.keys) and size < self._batch:
+            size += len(hour.series[hour.keys[stop]].ts)
+            stop += 1
+        chunk = hour.keys[hour.written:stop]
+        rows = [hour.series[key].rollup(key, hour.bucket, self._interval_s) for key in chunk]
+        with transaction(self._factory) as session:
+            _replace(session, hour.bucket, rows)
+            if stop == len(hour.keys):
+                _set_mark(session, hour.bucket + BUCKET_S)
+        for key in chunk:
+            del hour.series[key]
+        hour.written = stop
         result.rollup_rows += len(rows)
+        return stop == len(hour.keys)
 
     def _delete_batched(self, model: _Pruned, condition: ColumnElement[bool], deadline: float) -> tuple[int, bool]:
         """Delete the rows `condition` selects, `batch_rows` per transaction (short locks; agents keep
@@ -233,6 +329,27 @@ def rollup_slices(row: JobGpuRollup) -> list[SampleSlice]:
     return result
 
 
+def _replace(session: Session, bucket: float, rows: list[JobGpuRollup]) -> None:
+    """Delete the rollups of `bucket` of these rows' series, then insert the rows: a chunk written
+    again (a retry after a commit whose answer was lost, a restart that redoes the hour) leaves one
+    row per series. An earlier attempt's series are all in the redo: the hour's raw rows (at or
+    after the mark) are never deleted, and any series of them has its rows read by every attempt.
+    Through the unique (bucket_ts, job_id, ...) index, never the other hours' rollups."""
+    if not rows:
+        return
+    keys = {(row.job_id, row.node, row.gpu_index) for row in rows}
+    old = session.execute(select(JobGpuRollup.id, JobGpuRollup.job_id, JobGpuRollup.node, JobGpuRollup.gpu_index)
+                          .where(JobGpuRollup.bucket_ts == bucket, JobGpuRollup.job_id.in_(sorted({k[0] for k in keys}))))
+    ids = [row_id for row_id, *key in old if tuple(key) in keys]
+    if ids:
+        session.execute(delete(JobGpuRollup).where(JobGpuRollup.id.in_(ids)))
+    session.add_all(rows)
+
+
+def _max(old: float | None, new: float | None) -> float | None:
+    return old if new is None else new if old is None else max(old, new)
+
+
 def _set_mark(session: Session, mark: float) -> None:
     state = session.get(RetentionState, 1)
     if state is None:
@@ -255,12 +372,15 @@ class RetentionSchedule:
         self._unfinished = False
 
     def __call__(self) -> RetentionResult | None:
-        """Run when due (the first call always is); a database error propagates to the tick."""
+        """Run when due (the first call always is); a database error propagates to the tick, and
+        the next try waits for the next hour: retried at every tick, a lasting error would fail
+        every tick and the daemon loop's backoff would slow reclaim and the publisher to minutes."""
         now = self._monotonic()
         if self._last is not None and now - self._last < self._every_s and not self._unfinished:
             return None
         if not self._unfinished:
             self._last = now
+        self._unfinished = False
         result = self._retention.run()
         self._unfinished = not result.finished
         if result.hours_rolled or any(result.deleted.values()):

@@ -21,12 +21,14 @@ from slurm_aigc.db import (
     open_database,
     transaction,
 )
+from slurm_aigc.errors import DatabaseError
 from slurm_aigc.report.retention import (
     BUCKET_S,
     FIRST_RUN_LOOKBACK_S,
     Retention,
     RetentionResult,
     RetentionSchedule,
+    rolled_until,
 )
 from slurm_aigc.report.samples import SampleStore
 from slurm_aigc.telemetry.store import Publication, TelemetryStore
@@ -117,7 +119,7 @@ def test_rolled_up_but_not_yet_deleted_hours_are_not_counted_twice(factory: sess
     # A controller stopped between the rollup and the deletion: readers take rollups before the mark only.
     window = (T0, T0 + HOURS * 3600)
     before = totals(factory, *window)
-    Retention(factory, raw_retention_hours=48.0)._roll_bucket(T0, RetentionResult())
+    Retention(factory, raw_retention_hours=48.0)._roll_up(T0 + 3600, math.inf, RetentionResult())  # hour 0 only
     assert count(factory, JobGpuSample) > 0 and count(factory, JobGpuRollup) == 2
     assert totals(factory, *window) == before
 
@@ -250,6 +252,36 @@ def test_the_schedule_runs_again_at_the_next_tick_while_a_run_left_work(factory:
     assert count(factory, JobGpuSample) == 0
 
 
+def test_after_an_error_the_schedule_waits_for_the_next_hour_even_inside_unfinished_work(
+        factory: sessionmaker[Session]) -> None:
+    # Retried at every tick, a lasting database error failed every controller tick, and the
+    # loop's backoff stretched reclaim and the publisher to minutes.
+    clock = [0.0]
+    ticks = [0.0]
+
+    def monotonic() -> float:
+        ticks[0] += 1.0
+        return ticks[0]
+    retention = Retention(factory, 48.0, budget_s=2.0, clock=lambda: NOW, monotonic=monotonic)
+    schedule = RetentionSchedule(retention, monotonic=lambda: clock[0], log=lambda _: None)
+    first = schedule()
+    assert first is not None and not first.finished  # work left for the next tick
+    failing = [0]
+
+    def broken(now_ts: float | None = None) -> RetentionResult:
+        failing[0] += 1
+        raise DatabaseError("the server went away")
+    retention.run = broken  # type: ignore[method-assign]
+    with pytest.raises(DatabaseError):
+        schedule()
+    clock[0] = 10.0
+    assert schedule() is None and failing[0] == 1  # not at every tick
+    clock[0] = 3600.0
+    with pytest.raises(DatabaseError):
+        schedule()
+    assert failing[0] == 2
+
+
 def test_batched_deletes_take_the_oldest_rows_through_the_ts_index(factory: sessionmaker[Session]) -> None:
     # In id order the server walked the primary key over rows too new to delete (the last, short
     # batch read the whole table), or sorted every old row for each batch of 1,000.
@@ -262,3 +294,102 @@ def test_batched_deletes_take_the_oldest_rows_through_the_ts_index(factory: sess
     for table, index in (("job_gpu_samples", "ix_job_gpu_samples_ts"), ("gpu_samples", GPU_SAMPLES_COVERING_INDEX)):
         statement, parameters = first[table]
         assert plan(engine, statement, parameters, table) == Plan(frozenset({index}), sorts=False), statement
+
+
+def mark(factory: sessionmaker[Session]) -> float | None:
+    with transaction(factory) as session:
+        return rolled_until(session)
+
+
+def test_one_big_hour_is_split_by_the_budget_and_readers_see_the_raw_totals_meanwhile(
+        factory: sessionmaker[Session]) -> None:
+    # At 8,000 GPUs one hour is 2.9 M raw rows (80 s): the controller's tick must not wait for it.
+    window = (T0, T0 + HOURS * 3600)
+    before = totals(factory, *window)
+    ticks = [0.0]
+
+    def monotonic() -> float:  # every look at the clock (one per transaction) costs a second
+        ticks[0] += 1.0
+        return ticks[0]
+    now = T0 + 3600 + 48 * 3600  # hour 0 only: 720 rows (job 41's 2 GPUs), 180 more read past its end
+    retention = Retention(factory, 48.0, batch_rows=100, budget_s=2.0, monotonic=monotonic)
+    runs: list[RetentionResult] = []
+    half_written = False
+    while not runs or not runs[-1].finished:
+        started = ticks[0]
+        runs.append(retention.run(now))
+        assert ticks[0] - started < 12  # a few transactions a run, not the hour
+        if mark(factory) == T0:  # the hour is not done: the mark stays
+            assert runs[-1].partial_hour and runs[-1].hours_rolled == 0 and not runs[-1].finished
+            half_written = half_written or count(factory, JobGpuRollup) == 1  # one GPU's rollup, not yet visible
+        assert totals(factory, *window) == before  # readers see the exact raw totals at every stop
+        assert len(runs) < 30
+    assert len(runs) > 4 and half_written and not runs[0].finished
+    assert sum(r.hours_rolled for r in runs) == 1 and sum(r.rollup_rows for r in runs) == count(factory, JobGpuRollup) == 2
+    assert sum(r.raw_rows_read for r in runs) == 720 + 180 and mark(factory) == T0 + 3600
+    assert count(factory, JobGpuSample) == 11160 - 720  # hour 0 deleted, the rest raw
+
+
+def test_a_restart_inside_an_hour_redoes_it_without_duplicates(factory: sessionmaker[Session]) -> None:
+    # The controller restarts after some of an hour's rollups are written: the new process starts
+    # the hour again (its Retention is fresh), replacing what the first one wrote.
+    window = (T0, T0 + HOURS * 3600)
+    before = totals(factory, *window)
+    ticks = [0.0]
+
+    def monotonic() -> float:
+        ticks[0] += 1.0
+        return ticks[0]
+    first = Retention(factory, 48.0, batch_rows=300, budget_s=1.0, monotonic=monotonic)
+    for _ in range(10):  # until the first of hour 0's two series is written
+        result = first.run(NOW)
+        if count(factory, JobGpuRollup):
+            break
+    assert result.partial_hour and count(factory, JobGpuRollup) == 1 and mark(factory) == T0
+    assert totals(factory, *window) == before
+    again = Retention(factory, 48.0, budget_s=math.inf).run(NOW)
+    assert again.finished and not again.partial_hour and again.hours_rolled == HOURS
+    with transaction(factory) as session:
+        keys = session.execute(select(JobGpuRollup.bucket_ts, JobGpuRollup.job_id, JobGpuRollup.gpu_index)).all()
+    assert len(keys) == len(set(keys)) == 2 * 6 + 1 * 3 + 4 * 4
+    assert totals(factory, *window) == before
+    assert first.run(NOW).hours_rolled == 0 and count(factory, JobGpuRollup) == len(keys)  # its old hour: done
+
+
+def test_a_first_run_stopped_inside_an_hour_goes_on_from_it_after_the_lookback_has_moved(
+        factory: sessionmaker[Session]) -> None:
+    # No mark yet: the first run sets it at the hour it starts, so a restart days later does not
+    # jump to the new lookback bound past the half-written hour (its rollups would then be read).
+    window = (T0, T0 + HOURS * 3600)
+    before = totals(factory, *window)
+    ticks = [0.0]
+
+    def monotonic() -> float:
+        ticks[0] += 1.0
+        return ticks[0]
+    first = Retention(factory, 48.0, batch_rows=300, budget_s=1.0, monotonic=monotonic)
+    while not count(factory, JobGpuRollup):
+        assert first.run(NOW).partial_hour
+    later = NOW + FIRST_RUN_LOOKBACK_S + 86400  # the lookback bound is now past every seeded hour
+    result = Retention(factory, 48.0, budget_s=math.inf).run(later)
+    assert result.hours_rolled > HOURS and result.rollup_rows == 2 * 6 + 1 * 3 + 4 * 4
+    assert totals(factory, *window) == before
+
+
+@pytest.mark.parametrize("batch_rows", [4, 7])
+def test_an_instant_with_more_rows_than_a_batch_is_read_whole(db_url: str, batch_rows: int) -> None:
+    # One agent writes a node's GPUs with one ts: a batch cut inside an instant must neither drop
+    # nor repeat its rows (4: every batch is one instant of 6 rows; 7: one instant and one row).
+    factory = open_database(db_url)
+    with transaction(factory) as session:
+        session.execute(insert(JobGpuSample), [
+            {"ts": T0 + 10 * i, "node": "h100-01", "job_id": "51", "gpu_index": gpu,
+             "sm_util_pct": float((i + gpu) % 100), "memory_used_mib": float(i % 7), "memory_total_mib": 81920.0}
+            for i in range(360 + 30) for gpu in range(6)])
+    before = totals(factory, T0, T0 + 3600)
+    result = Retention(factory, 48.0, batch_rows=batch_rows, budget_s=math.inf).run(T0 + 3600 + 48 * 3600)
+    assert result.hours_rolled == 1 and result.rollup_rows == 6 and result.raw_rows_read == (360 + 30) * 6
+    assert totals(factory, T0, T0 + 3600) == before
+    with transaction(factory) as session:
+        rows = session.scalars(select(JobGpuRollup).order_by(JobGpuRollup.gpu_index)).all()
+        assert [(r.samples, r.duration_s, r.memory_used_mib_max) for r in rows] == [(360, 3600.0, 6.0)] * 6
