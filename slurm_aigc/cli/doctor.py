@@ -109,9 +109,28 @@ def check_slurm(env: DoctorEnv, role: str) -> list[Finding]:
                             "`sacctmgr modify user NAME set adminlevel=Operator`"))
     if role == "agent":
         findings.append(_prolog(env, config))
-    elif (defect := _shard_defect(config)) is not None:
-        findings.append(defect)
+    else:
+        findings.append(_accounted_gres(config))
+        if (defect := _shard_defect(config)) is not None:
+            findings.append(defect)
     return findings
+
+
+def _accounted_gres(config: dict[str, str]) -> Finding:
+    """`report`, `replay --from-sacct` and the learner count a job's GPUs from what slurmdbd
+    recorded it was allocated, and slurmdbd records a GRES only when AccountingStorageTRES names
+    it: Slurm's default names none, so every job reads as a CPU job and nothing says why."""
+    tracked = {name.strip() for name in config.get("AccountingStorageTRES", "").split(",")}
+    types = {name.strip() for name in config.get("GresTypes", "").split(",")}
+    wanted = ["gres/gpu"] + (["gres/shard"] if "shard" in types else [])
+    missing = [name for name in wanted if name not in tracked]
+    if not missing:
+        return Finding("gpu accounting", True, f"slurmdbd records {' and '.join(wanted)} allocations")
+    return Finding("gpu accounting", False,
+                   f"AccountingStorageTRES does not name {', '.join(missing)}: slurmdbd records no such allocation, "
+                   "so reports, replays of the site's history and learned defaults see no GPU job",
+                   f"add {','.join(missing)} to AccountingStorageTRES in slurm.conf and restart slurmctld "
+                   "(jobs that ended before keep no GPU record)")
 
 
 def _shard_defect(config: dict[str, str]) -> Finding | None:

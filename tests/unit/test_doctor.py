@@ -21,7 +21,8 @@ def env(**changes: object) -> doc.DoctorEnv:
     healthy = doc.DoctorEnv(
         open_db=lambda url: object(), privileges=lambda factory: dict(AGENT_CAN), server_time=lambda f: 1000.0,
         slurm_config=lambda: {"SLURM_VERSION": "22.05.8", "Prolog": "/etc/slurm/prolog.sh",
-                              "Epilog": "/etc/slurm/epilog.sh", "SlurmUser": "slurm(64030)"},
+                              "Epilog": "/etc/slurm/epilog.sh", "SlurmUser": "slurm(64030)", "GresTypes": "gpu,shard",
+                              "AccountingStorageTRES": "cpu,mem,energy,node,billing,fs/disk,vmem,pages,gres/gpu,gres/shard"},
         slurm_ping=lambda: True, slurm_admin_level=lambda: "Operator", nvml_gpus=lambda: 8,
         load_policy=lambda path: object(), read_text=lambda path: "exec slurm-aigc-jobrecord prolog\n",
         expand=lambda pattern: [pattern], clock=lambda: 1000.0, euid=lambda: 0,
@@ -142,3 +143,23 @@ def test_a_controller_on_slurm_2205_with_shards_is_told_of_the_gpu_conflict_defe
     assert not noted or ("gpu_conflict_memory_pct" in notes[0].detail and "share=no" in notes[0].detail)
     agent = doc.run_checks(env(slurm_config=lambda: config), "agent", None, None)
     assert all(f.check != "gpu sharing" for f in agent)
+
+
+@pytest.mark.parametrize(("tres", "gres_types", "missing"), [
+    ("cpu,mem,energy,node,billing,fs/disk,vmem,pages", "gpu", "gres/gpu"),  # Slurm's default
+    ("cpu,mem,gres/gpu", "gpu,shard", "gres/shard"),
+    ("cpu,mem", "gpu,shard", "gres/gpu, gres/shard"),
+    ("cpu,mem,gres/gpu,gres/gpumem,gres/gpuutil", "gpu", None),
+])
+def test_a_controller_whose_slurmdbd_records_no_gpu_allocation_fails(tres: str, gres_types: str,
+                                                                    missing: str | None) -> None:
+    # Reports, replays of the history and the learner count GPUs from recorded allocations:
+    # on Slurm's default every job read as a CPU job, and the learner wrote 0 entries, silently.
+    config = {"SLURM_VERSION": "24.11.5", "GresTypes": gres_types, "AccountingStorageTRES": tres}
+    findings = doc.run_checks(env(privileges=lambda f: dict(CONTROLLER_CAN), slurm_config=lambda: config),
+                              "controller", None, None)
+    [check] = [f for f in findings if f.check == "gpu accounting"]
+    assert check.ok is (missing is None)
+    if missing:
+        assert f"does not name {missing}" in check.detail and "AccountingStorageTRES" in check.fix
+    assert all(f.check != "gpu accounting" for f in doc.run_checks(env(slurm_config=lambda: config), "agent", None, None))
