@@ -100,7 +100,8 @@ def _from_sacct(
         raise click.BadParameter("must be > 0", param_hint="--compression")
     env = _env(ctx)
     now = env.now()
-    query = SacctQuery(since=_when(since, now, "--since"), until=_when(until, now, "--until"))
+    # With steps: their gres/gpuutil and gres/gpumem stand in for a job's samples where none are kept.
+    query = SacctQuery(since=_when(since, now, "--since"), until=_when(until, now, "--until"), steps=True)
     records: list[JobRecord] = []
     for row in SacctReader(env.slurm()).rows(query):
         if isinstance(row, SkippedRow):

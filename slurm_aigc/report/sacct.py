@@ -118,6 +118,10 @@ class SacctQuery:
     job_ids: tuple[str, ...] = ()
     names: tuple[str, ...] = ()
     classes: tuple[str, ...] = field(default=())
+    # Also each job's steps, inside its record: the only place of Slurm 23.02+'s gres/gpuutil and
+    # gres/gpumem (`-X` makes slurmdbd leave steps out). Off where they are not read: they add
+    # most of the output.
+    steps: bool = False
 
 
 def aigc_class_of(admin_comment: str) -> str:
@@ -127,10 +131,8 @@ def aigc_class_of(admin_comment: str) -> str:
 
 def sacct_args(start: datetime, end: datetime, query: SacctQuery) -> list[str]:
     """Arguments of one `sacct` call for the window [start, end)."""
-    args = [
-        "--allocations", "--duplicates", "--json",
-        f"--starttime={_slurm_time(start)}", f"--endtime={_slurm_time(end)}",
-    ]
+    args = [] if query.steps else ["--allocations"]
+    args += ["--duplicates", "--json", f"--starttime={_slurm_time(start)}", f"--endtime={_slurm_time(end)}"]
     args += [f"--user={','.join(query.users)}"] if query.users else ["--allusers"]
     if query.accounts:
         args.append(f"--accounts={','.join(query.accounts)}")

@@ -154,6 +154,8 @@ def test_from_sacct_writes_a_workload_with_samples(tmp_path: Path) -> None:
     assert "left out job 8: no GPUs or shards allocated" in result.output
     assert "wrote 1 jobs" in result.output and "samples for 1 jobs" in result.output
     assert any("--starttime=2026-12-01T00:00:00" in a for a in fake.calls[0])
+    # Steps too: with -X slurmdbd leaves them out, and with them their gres/gpuutil and gpumem.
+    assert "--allocations" not in fake.calls[0]
     (job,) = read_workload(out).jobs
     assert [p.kind for p in job.profile] == ["loading", "busy", "idle"]
     assert (job.job_class, job.vram_gib_per_gpu, job.mem_used_gib_per_gpu) == ("infer", 10.0, 4.0)

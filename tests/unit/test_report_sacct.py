@@ -162,6 +162,9 @@ def test_sacct_args() -> None:
     assert not any(a.startswith(("--parsable", "--delimiter", "--format")) for a in args)
     assert "--starttime=2026-11-30T00:00:00" in args and "--endtime=2026-12-01T00:00:00" in args
     assert "--allusers" in sacct_args(query.since, query.until, SacctQuery(query.since, query.until))
+    # Steps carry 23.02+'s gres/gpuutil and gpumem, and -X makes slurmdbd leave them out.
+    with_steps = sacct_args(query.since, query.until, SacctQuery(query.since, query.until, steps=True))
+    assert "--allocations" not in with_steps and "--duplicates" in with_steps
 
 
 def test_windows() -> None:
