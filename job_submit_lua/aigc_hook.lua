@@ -600,6 +600,18 @@ local function rule_shard(view)
     end
 end
 
+-- A misfit of the user's vram= is theirs to fix (noted, or rejected in strict mode). A learned
+-- vram is the table's guess (p95 of the key's peaks + a margin: 17G for jobs that filled a
+-- 16 GB T4): it is dropped, never a reason to reject or to say the user declared it.
+local function vram_misfit(view, declared, learned)
+    if view.learned_vram then
+        view.tags.vram = nil
+        note_user(view, "aigc: " .. learned .. "; not used")
+    else
+        view.type_misfit = declared
+    end
+end
+
 local function rule_vram_fit(view)
     local cfg = P.rewrites.vram_fit
     local tags, gpu = view.tags, view.gpu
@@ -608,7 +620,8 @@ local function rule_vram_fit(view)
     if gpu.type then
         local t = type_by_name(gpu.type)
         if t and t.memory_gib < vram then
-            view.type_misfit = format("you asked for %s GPUs (%gG) but declared vram=%gG", t.name, t.memory_gib, vram)
+            vram_misfit(view, format("you asked for %s GPUs (%gG) but declared vram=%gG", t.name, t.memory_gib, vram),
+                format("the learned vram=%gG does not fit the %s GPUs (%gG) you asked for", vram, t.name, t.memory_gib))
         end
         return
     end
@@ -617,7 +630,7 @@ local function rule_vram_fit(view)
         if t.memory_gib >= vram then allowed[#allowed + 1] = t end
     end
     if #allowed == 0 then
-        view.type_misfit = format("no GPU type has vram=%gG", vram)
+        vram_misfit(view, format("no GPU type has vram=%gG", vram), format("the learned vram=%gG fits no GPU type", vram))
         return
     end
     restrict_types(view, allowed, format("vram_fit: vram=%gG", vram))
@@ -651,8 +664,9 @@ end
 -- ("Requested node configuration is not available", measured on 22.05: `a100&model_X` while
 -- only a t4 served X). So a model feature is preferred only while the publisher lists it in
 -- `published_features_file`, one line per node: the model feature, then that node's other
--- features (a line of the feature alone is trusted as before); re-read at most every
--- `refresh_seconds`.
+-- features (a line of the feature alone: a node with no other feature, which satisfies no
+-- constraint; it once meant "any node", from publishers that wrote no header, whose listings
+-- are now empty anyway); re-read at most every `refresh_seconds`.
 --
 -- The listing is trusted only while it is fresh. Its first line, `# written <epoch>`, is when
 -- the publisher last wrote it, and a live publisher rewrites it every cycle. After a slurmctld
@@ -674,7 +688,7 @@ local NOTHING_PUBLISHED = {}
 local function add_published_line(listing, line)
     local word, rest = match(line, "^%s*([%w_%.%-]+)(.*)$")
     if not word then return end
-    local set = { ANY = not match(rest, "%S") }
+    local set = {}
     for other in string.gmatch(rest, "[%w_%.%-]+") do set[other] = true end
     local sets = listing[word] or {}
     sets[#sets + 1] = set
@@ -713,7 +727,6 @@ end
 -- Does one listed node (a feature set) satisfy `expr`: words joined by & of alternatives
 -- (`a`, `a|b`, `(a|b)`)? Anything more complex reads as "cannot tell": no --prefer.
 local function node_satisfies(expr, set)
-    if set.ANY then return true end
     for term in string.gmatch(expr, "[^&]+") do
         local ok = false
         for alternative in string.gmatch(string.gsub(term, "[()]", ""), "[^|]+") do
@@ -1020,7 +1033,8 @@ local function learned_defaults(view, tags)
     if not asks_gpu(view) then return tags end
     local key = learned_key(get(view, "name"))
     if key == "" then return tags end
-    local entry = learned_entries()[tostring(view.uid) .. " " .. key]
+    -- %d: slurmctld pushes the uid as a Lua number, a float in Lua 5.3+ ("1001.0" by tostring).
+    local entry = learned_entries()[format("%d", view.uid) .. " " .. key]
     -- Learning cannot grant `interactive` (learned.py), nor take it away: an salloc named like
     -- its owner's batch jobs stays an exempt session. Checked last: it may read the script.
     if not entry or is_interactive(view) then return tags end
@@ -1028,7 +1042,10 @@ local function learned_defaults(view, tags)
     tags = tags or {}
     local used = {}
     if entry.class then tags.type = entry.class; used[#used + 1] = "type=" .. entry.class end
-    if entry.vram and tags.vram == nil then tags.vram = entry.vram; used[#used + 1] = format("vram=%gG", entry.vram) end
+    if entry.vram and tags.vram == nil then
+        tags.vram, view.learned_vram = entry.vram, true
+        used[#used + 1] = format("vram=%gG", entry.vram)
+    end
     if #used > 0 then
         view.learned_applied = true
         note_user(view, format("aigc: from your earlier jobs named like '%s': %s (learned; a tag overrides it)",

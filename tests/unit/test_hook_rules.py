@@ -227,8 +227,13 @@ def test_model_prefer_only_when_a_node_serving_the_model_also_meets_the_constrai
     write_listing(listing, "model_sd-m0016 t4 vram16g\nmodel_sd-m0016 a100 nvlink vram80g\n")
     both = submit(hook, comment=comment, tres_per_node="gres:gpu:1")
     assert both.changes["prefer"] == (None, "a100&model_sd-m0016")
-    write_listing(listing, "model_sd-m0016\n")  # a bare line (older publisher): trusted as before
-    assert submit(hook, comment=comment, tres_per_node="gres:gpu:1").changes["prefer"] == (None, "a100&model_sd-m0016")
+    # A bare line is a node with no other feature (the publisher writes one for a node without
+    # features): it meets no constraint. It once meant "any node", and a featureless t4 serving
+    # the model got every `--constraint=ib` job of that model a --prefer no node met: refused.
+    write_listing(listing, "model_sd-m0016\n")
+    assert "prefer" not in submit(hook, comment=comment, tres_per_node="gres:gpu:1").changes
+    plain = submit(hook, comment="aigc:type=batch,model=sd-m0016", tres_per_node="gres:gpu:1")
+    assert plain.changes["prefer"] == (None, "model_sd-m0016")  # no constraint: that node will do
 
 
 def test_model_prefer_repeats_the_constraint_it_must_not_escape(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slurm_aigc.errors import ConfigError
+from slurm_aigc.policy import hookruntime
 from slurm_aigc.policy.hookruntime import SUCCESS, HookRuntime
 from slurm_aigc.policy.loader import load_policy, parse_policy_text
 from slurm_aigc.policy.model import LearnedConfig
@@ -282,6 +284,49 @@ def test_an_untagged_job_with_a_learned_entry_is_shared_and_stamped(tmp_path: Pa
     assert trusted_tags(result.changes["admin_comment"][1]) == {"class": "imagegen", "learned": "1"}
     assert any("earlier jobs named like 'sd-gen'" in m and "type=imagegen" in m and "vram=8G" in m
                for m in result.messages)
+
+
+def strict_runtime(tmp_path: Path, entries: list[LearnedEntry]) -> HookRuntime:
+    path = tmp_path / "learned.txt"
+    path.write_bytes(format_table(entries))
+    document = yaml.safe_load(shipped_policy().read_text())
+    document["rewrites"]["model_prefer"]["published_features_file"] = str(tmp_path / "published.txt")
+    document["rewrites"]["vram_fit"]["reject_misfit"] = True
+    document["hook"]["strict_tags"] = True
+    document["learned"] = {"enabled": True, "file": str(path), "refresh_seconds": 0, "max_entries": 100}
+    return HookRuntime(render_hook(parse_policy_text(yaml.safe_dump(document), "test-policy.yaml")))
+
+
+def test_a_learned_vram_no_gpu_can_hold_is_dropped_never_a_reject(tmp_path: Path) -> None:
+    # Jobs that filled a 16 GB T4 (p95 15,000 MiB + 10 %) learn 17G; before, the owner's next
+    # untagged `--gres=gpu:t4:1` job was rejected in strict mode for a vram it never declared.
+    rt = strict_runtime(tmp_path, [entry(job_class="finetune", vram_gib=17), entry(pattern="big", vram_gib=82)])
+    typed = submit(rt, "sd-gen-0100", tres_per_node="gres:gpu:t4:1")
+    assert typed.rc == SUCCESS and typed.job_class == "finetune"
+    assert any("learned vram=17G does not fit the t4 GPUs (16G) you asked for; not used" in m for m in typed.messages)
+    assert not any("declared" in m for m in typed.messages)
+    untyped = submit(rt, "big-0001")
+    assert untyped.rc == SUCCESS and any("learned vram=82G fits no GPU type; not used" in m for m in untyped.messages)
+    assert "features" not in untyped.changes  # no type restriction from a dropped vram
+    # The user's own vram= is still theirs to fix: rejected in strict mode, as before.
+    declared = submit(rt, "other-0001", comment="aigc:type=finetune,vram=17G", tres_per_node="gres:gpu:t4:1")
+    assert declared.rc != SUCCESS
+
+
+def test_the_learned_key_reads_the_uid_as_an_integer_whatever_the_lua_number(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # slurmctld pushes the uid with lua_pushnumber: a float in Lua 5.3+, "1001.0" by tostring,
+    # which never matched the table's "1001 ..." lines there. (Lua 5.1 prints both alike.)
+    lua54 = pytest.importorskip("lupa.lua54")
+
+    def lua54_runtime(*args: Any, **kwargs: Any) -> Any:
+        lua = lua54.LuaRuntime(*args, **kwargs)
+        lua.execute(b"unpack = table.unpack; loadstring = load")  # the 5.1 names the hook and harness use
+        return lua
+    monkeypatch.setattr(hookruntime, "lua51", SimpleNamespace(LuaRuntime=lua54_runtime, LuaError=lua54.LuaError))
+    rt = runtime(tmp_path, [entry()])
+    fields = {"script": SCRIPT, "name": "sd-gen-0099", "user_id": ALICE, "tres_per_node": "gres:gpu:1"}
+    assert rt.submit(fields, submit_uid=float(ALICE)).job_class == "imagegen"
 
 
 def test_without_an_entry_or_with_learning_off_the_job_is_as_before(tmp_path: Path) -> None:
