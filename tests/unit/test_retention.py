@@ -39,6 +39,18 @@ HOURS = 6
 NOW = T0 + HOURS * 3600 + 48 * 3600 + 1800  # every seeded hour is older than 48 h
 
 
+class SteppingClock:
+    """A monotonic clock on which every look costs a second: budgets run out after a known number
+    of transactions, without sleeping."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
 @pytest.fixture
 def factory(db_url: str) -> sessionmaker[Session]:
     factory = open_database(db_url)
@@ -217,18 +229,14 @@ def test_a_run_stops_at_its_budget_and_the_next_goes_on_from_the_mark(factory: s
     # The controller runs retention in its tick: one run must not hold it for minutes.
     window = (T0, T0 + HOURS * 3600)
     before = totals(factory, *window)
-    ticks = [0.0]
-
-    def monotonic() -> float:  # every look at the clock costs a second
-        ticks[0] += 1.0
-        return ticks[0]
+    monotonic = SteppingClock()
     retention = Retention(factory, 48.0, batch_rows=2000, budget_s=4.0, monotonic=monotonic)
     runs: list[RetentionResult] = []
     while not runs or not runs[-1].finished:
-        started = ticks[0]
+        started = monotonic.now
         runs.append(retention.run(NOW))
         assert totals(factory, *window) == before  # readers see the same at every stop
-        assert ticks[0] - started < 16  # a few transactions a run, not all of them
+        assert monotonic.now - started < 16  # a few transactions a run, not all of them
         assert len(runs) < 30
     assert len(runs) > 3 and not runs[0].finished
     assert sum(r.hours_rolled for r in runs) == HOURS and sum(r.rollup_rows for r in runs) == 2 * 6 + 1 * 3 + 4 * 4
@@ -236,11 +244,7 @@ def test_a_run_stops_at_its_budget_and_the_next_goes_on_from_the_mark(factory: s
 
 
 def test_the_schedule_runs_again_at_the_next_tick_while_a_run_left_work(factory: sessionmaker[Session]) -> None:
-    ticks = [0.0]
-
-    def monotonic() -> float:
-        ticks[0] += 1.0
-        return ticks[0]
+    monotonic = SteppingClock()
     logged: list[str] = []
     schedule = RetentionSchedule(Retention(factory, 48.0, budget_s=2.0, clock=lambda: NOW, monotonic=monotonic),
                                  monotonic=lambda: 0.0, log=logged.append)
@@ -257,11 +261,7 @@ def test_after_an_error_the_schedule_waits_for_the_next_hour_even_inside_unfinis
     # Retried at every tick, a lasting database error failed every controller tick, and the
     # loop's backoff stretched reclaim and the publisher to minutes.
     clock = [0.0]
-    ticks = [0.0]
-
-    def monotonic() -> float:
-        ticks[0] += 1.0
-        return ticks[0]
+    monotonic = SteppingClock()
     retention = Retention(factory, 48.0, budget_s=2.0, clock=lambda: NOW, monotonic=monotonic)
     schedule = RetentionSchedule(retention, monotonic=lambda: clock[0], log=lambda _: None)
     first = schedule()
@@ -306,19 +306,15 @@ def test_one_big_hour_is_split_by_the_budget_and_readers_see_the_raw_totals_mean
     # At 8,000 GPUs one hour is 2.9 M raw rows (80 s): the controller's tick must not wait for it.
     window = (T0, T0 + HOURS * 3600)
     before = totals(factory, *window)
-    ticks = [0.0]
-
-    def monotonic() -> float:  # every look at the clock (one per transaction) costs a second
-        ticks[0] += 1.0
-        return ticks[0]
+    monotonic = SteppingClock()
     now = T0 + 3600 + 48 * 3600  # hour 0 only: 720 rows (job 41's 2 GPUs), 180 more read past its end
     retention = Retention(factory, 48.0, batch_rows=100, budget_s=2.0, monotonic=monotonic)
     runs: list[RetentionResult] = []
     half_written = False
     while not runs or not runs[-1].finished:
-        started = ticks[0]
+        started = monotonic.now
         runs.append(retention.run(now))
-        assert ticks[0] - started < 12  # a few transactions a run, not the hour
+        assert monotonic.now - started < 12  # a few transactions a run, not the hour
         if mark(factory) == T0:  # the hour is not done: the mark stays
             assert runs[-1].partial_hour and runs[-1].hours_rolled == 0 and not runs[-1].finished
             half_written = half_written or count(factory, JobGpuRollup) == 1  # one GPU's rollup, not yet visible
@@ -335,11 +331,7 @@ def test_a_restart_inside_an_hour_redoes_it_without_duplicates(factory: sessionm
     # the hour again (its Retention is fresh), replacing what the first one wrote.
     window = (T0, T0 + HOURS * 3600)
     before = totals(factory, *window)
-    ticks = [0.0]
-
-    def monotonic() -> float:
-        ticks[0] += 1.0
-        return ticks[0]
+    monotonic = SteppingClock()
     first = Retention(factory, 48.0, batch_rows=300, budget_s=1.0, monotonic=monotonic)
     for _ in range(10):  # until the first of hour 0's two series is written
         result = first.run(NOW)
@@ -362,11 +354,7 @@ def test_a_first_run_stopped_inside_an_hour_goes_on_from_it_after_the_lookback_h
     # jump to the new lookback bound past the half-written hour (its rollups would then be read).
     window = (T0, T0 + HOURS * 3600)
     before = totals(factory, *window)
-    ticks = [0.0]
-
-    def monotonic() -> float:
-        ticks[0] += 1.0
-        return ticks[0]
+    monotonic = SteppingClock()
     first = Retention(factory, 48.0, batch_rows=300, budget_s=1.0, monotonic=monotonic)
     while not count(factory, JobGpuRollup):
         assert first.run(NOW).partial_hour
