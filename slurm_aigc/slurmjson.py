@@ -38,15 +38,27 @@ _STATE_FLAG_ORDER = (
 )
 
 
+# ESLURM_REST_EMPTY_RESULT (slurm/slurm_errno.h): Slurm 22.05's `sacct --json` answers a query
+# that matches no job with `"jobs": []` and this error ("Nothing found", from slurmdb_jobs_get).
+# An empty answer is an answer: raising made every empty window fail (a quiet night stopped the
+# learner, which retries the window it failed on, and failed the controller's tick with it).
+EMPTY_RESULT = 9003
+
+
+def _is_error(entry: object) -> bool:
+    return bool(entry) and not (isinstance(entry, Mapping) and entry.get("error_number") == EMPTY_RESULT)
+
+
 def load(text: str, what: str) -> JsonObject:
-    """Decode one `--json` answer; a non-object or a non-empty `errors` list raises."""
+    """Decode one `--json` answer; a non-object or a non-empty `errors` list raises ("Nothing
+    found", `EMPTY_RESULT`, is no error)."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as error:
         raise SlurmParseError(f"{what}: not JSON ({error.msg} at line {error.lineno}); is Slurm's serializer/json plugin installed?") from None
     if not isinstance(data, dict):
         raise SlurmParseError(f"{what}: expected a JSON object, got {type(data).__name__}")
-    errors = [e for e in data.get("errors") or [] if e]
+    errors = [e for e in data.get("errors") or [] if _is_error(e)]
     if errors:
         raise SlurmParseError(f"{what}: Slurm reported {errors!r}")
     return data

@@ -23,9 +23,16 @@ FIELDS: tuple[str, ...] = (
 DELIMITER = "\x1f"
 
 
+# What 22.05's sacct --json says beside `"jobs": []` when nothing matches (checked on 22.05.8).
+NOTHING_FOUND = {"description": "Nothing found", "error_number": 9003, "error": "Nothing found with query",
+                 "source": "slurmdb_jobs_get"}
+
+
 def sacct_json(rows: Iterable[Mapping[str, str]]) -> str:
-    """Rows of sacct field values -> 22.05's `sacct --json` text."""
-    return json.dumps({"meta": {"plugin": {"type": "openapi/dbv0.0.38"}}, "errors": [], "jobs": [job(r) for r in rows]})
+    """Rows of sacct field values -> 22.05's `sacct --json` text (an error beside no job, as 22.05)."""
+    jobs = [job(r) for r in rows]
+    errors = [] if jobs else [NOTHING_FOUND]
+    return json.dumps({"meta": {"plugin": {"type": "openapi/dbv0.0.38"}}, "errors": errors, "jobs": jobs})
 
 
 def text_to_json(text: str) -> str:

@@ -24,6 +24,7 @@ from slurm_aigc.report.sacct import (
     with_live_comments,
 )
 from slurm_aigc.slurm import CommandResult, SlurmCli
+from tests.unit.sacct_json import NOTHING_FOUND
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sacct"
 
@@ -60,7 +61,7 @@ def job(job_id: int = 1, *, submit: str = "2026-11-30T10:00:00", start: str | No
 
 
 def sacct_json(*jobs: dict[str, Any]) -> str:
-    return json.dumps({"meta": {}, "errors": [], "jobs": list(jobs)})
+    return json.dumps({"meta": {}, "errors": [] if jobs else [NOTHING_FOUND], "jobs": list(jobs)})
 
 
 def test_slurm_22_05_records() -> None:
@@ -165,6 +166,15 @@ def test_sacct_args() -> None:
     # Steps carry 23.02+'s gres/gpuutil and gpumem, and -X makes slurmdbd leave them out.
     with_steps = sacct_args(query.since, query.until, SacctQuery(query.since, query.until, steps=True))
     assert "--allocations" not in with_steps and "--duplicates" in with_steps
+
+
+def test_an_empty_answer_is_no_error() -> None:
+    # 22.05 says "Nothing found" (ESLURM_REST_EMPTY_RESULT) beside "jobs": []; it failed every
+    # window without a job, which stopped the learner on a quiet night and failed the tick.
+    assert list(parse_sacct_output(sacct_json(), source="sacct window")) == []
+    other = json.dumps({"meta": {}, "errors": [{"error_number": 1, "error": "Unspecified error"}], "jobs": []})
+    with pytest.raises(SlurmParseError, match="Unspecified error"):
+        list(parse_sacct_output(other, source="sacct window"))
 
 
 def test_windows() -> None:
