@@ -135,7 +135,9 @@ def listing_interval_warning(policy: Policy, tick_s: float) -> str | None:
     which the controller's command line does not change."""
     cycle = math.ceil(policy.scoring.interval_s / tick_s) * tick_s
     limit = listing_max_age_s(policy)
-    if LISTING_CYCLES * cycle + policy.rewrites.model_prefer.refresh_seconds <= limit:
+    # Warned when one late cycle would already turn preferences off (two cycles do not fit); the
+    # rendered limit leaves three (a replay's compressed loop, at 1.5 ticks a cycle, leaves two).
+    if 2 * cycle + policy.rewrites.model_prefer.refresh_seconds <= limit:
         return None
     return (f"--interval {tick_s:g}: the publisher rewrites the published-features listing every {cycle:g} s, "
             f"but the hook trusts it for {limit} s ({LISTING_CYCLES} cycles of reclaim.poll_interval_s "

@@ -106,5 +106,6 @@ def test_a_controller_interval_the_hook_was_not_rendered_for_is_warned_about() -
     policy = load_policy(shipped_policy())
     assert listing_interval_warning(policy, 10) is None  # the rendered case: cycles every 30 s
     assert listing_interval_warning(policy, 15) is None  # every 30 s still
-    warning = listing_interval_warning(policy, 25)  # a cycle every 50 s: 3 x 50 + 10 > 100
+    assert listing_interval_warning(policy, 45) is None  # every 45 s: two cycles + refresh = 100 s
+    warning = listing_interval_warning(policy, 25)  # a cycle every 50 s: one late cycle, 2 x 50 + 10 > 100
     assert warning is not None and "every 50 s" in warning and "trusts it for 100 s" in warning
