@@ -91,3 +91,18 @@ def test_a_hostile_name_is_plain_words_to_slurmctlds_hook_and_the_learner(cluste
     assert "shard" in learned.tres_per_node, learned.tres_per_node
     assert trusted_tags(plain.admin_comment) == {"class": "unknown"}, plain.admin_comment
     assert "shard" not in plain.tres_per_node, plain.tres_per_node
+
+
+def test_the_learner_reads_slurmdbd_windows_without_a_job(cluster: Any, cluster_db: str, tmp_path: Path) -> None:
+    # 22.05's sacct --json answers a window without a job with "Nothing found" beside "jobs": [];
+    # read as an error, the learner failed on its first empty window and retried it forever.
+    # 30 days back: 120 windows of 6 h, the oldest before any job of this cluster.
+    document = yaml.safe_load(shipped_policy().read_text())
+    table = tmp_path / "learned.txt"
+    document["learned"].update(enabled=True, file=str(table), max_age_days=30)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump(document))
+    result = subprocess.run([SLURM_AIGC, "learned", "update", "--config", str(policy), "--db", cluster_db],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert table.read_bytes().startswith(b"# slurm-aigc learned defaults")
