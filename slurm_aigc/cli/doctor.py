@@ -123,7 +123,9 @@ def _accounted_gres(config: dict[str, str]) -> Finding:
     tracked = {name.strip() for name in config.get("AccountingStorageTRES", "").split(",")}
     types = {name.strip() for name in config.get("GresTypes", "").split(",")}
     wanted = ["gres/gpu"] + (["gres/shard"] if "shard" in types else [])
-    missing = [name for name in wanted if name not in tracked]
+    # Typed entries alone (`gres/gpu:a100,gres/gpu:t4`) record those jobs too (slurm.conf(5)),
+    # and the readers add typed counts up where the total is missing (report/tres.py).
+    missing = [name for name in wanted if not any(t == name or t.startswith(name + ":") for t in tracked)]
     if not missing:
         return Finding("gpu accounting", True, f"slurmdbd records {' and '.join(wanted)} allocations")
     return Finding("gpu accounting", False,

@@ -141,7 +141,8 @@ def controller(config_file: str | None, db_url: str | None, interval_s: float | 
         from slurm_aigc.policy.loader import load_policy
         from slurm_aigc.policy.render import listing_interval_warning
 
-        warning = listing_interval_warning(load_policy(config_file), interval_s)
+        # The daemons' loader: a daemon-only file has no hook sections, and a warning must not stop it.
+        warning = listing_interval_warning(load_policy(config_file, hook_sections=False), interval_s)
         if warning:
             LOG.warning("%s", warning)
     retention = None if once or jobs else _retention(config_file, db_url)

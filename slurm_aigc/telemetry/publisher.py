@@ -232,8 +232,13 @@ class Publisher:
 
     def _remember_islands(self, nodes: Sequence[NodeInfo]) -> None:
         for node in nodes:
-            if any(NVLINK_SIZE_RE.match(f) for f in node.available_features):
-                self._islands_seen[node.name] = islands_from_features(gres_gpu_total(node.gres), node.available_features)
+            total = gres_gpu_total(node.gres)
+            if feat.MIG_FEATURE in node.available_features:
+                # Remembered as no island: after a reconfigure drops `mig` with the rest, the
+                # islands of `nvlink<N>` would be read on Slurm indices that count MIG instances.
+                self._islands_seen[node.name] = [[index] for index in range(total)]
+            elif any(NVLINK_SIZE_RE.match(f) for f in node.available_features):
+                self._islands_seen[node.name] = islands_from_features(total, node.available_features)
 
     def _islands(self, name: str) -> Sequence[Sequence[int]] | None:
         known = self._islands_of(name) if self._islands_of else None

@@ -150,6 +150,8 @@ def test_a_controller_on_slurm_2205_with_shards_is_told_of_the_gpu_conflict_defe
     ("cpu,mem,gres/gpu", "gpu,shard", "gres/shard"),
     ("cpu,mem", "gpu,shard", "gres/gpu, gres/shard"),
     ("cpu,mem,gres/gpu,gres/gpumem,gres/gpuutil", "gpu", None),
+    ("cpu,mem,gres/gpu:a100,gres/gpu:t4,gres/shard:a100", "gpu,shard", None),  # typed alone record them too
+    ("cpu,mem,gres/gpumem", "gpu", "gres/gpu"),  # gres/gpumem is not gres/gpu
 ])
 def test_a_controller_whose_slurmdbd_records_no_gpu_allocation_fails(tres: str, gres_types: str,
                                                                     missing: str | None) -> None:

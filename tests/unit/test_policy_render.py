@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -109,3 +110,28 @@ def test_a_controller_interval_the_hook_was_not_rendered_for_is_warned_about() -
     assert listing_interval_warning(policy, 45) is None  # every 45 s: two cycles + refresh = 100 s
     warning = listing_interval_warning(policy, 25)  # a cycle every 50 s: one late cycle, 2 x 50 + 10 > 100
     assert warning is not None and "every 50 s" in warning and "trusts it for 100 s" in warning
+
+
+def test_the_controller_starts_with_interval_on_a_policy_written_for_daemons_only(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The warning loaded the policy as the hook does: a file without classes and inventory
+    # (valid for the daemons) made `controller --interval` exit 1 before its first tick.
+    from click.testing import CliRunner
+
+    from slurm_aigc import daemonloop
+    from slurm_aigc.cli import reclaim
+
+    path = tmp_path / "daemon.yaml"
+    path.write_text("reclaim:\n  dry_run: true\n")
+
+    class Loop:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def run(self, once: bool = False) -> int:
+            return 0
+    monkeypatch.setattr(reclaim, "_controller", lambda *args, **kwargs: (SimpleNamespace(dry_run=True), None))
+    monkeypatch.setattr(reclaim, "_retention", lambda *args, **kwargs: None)
+    monkeypatch.setattr(daemonloop, "DaemonLoop", Loop)
+    result = CliRunner().invoke(reclaim.controller, ["--config", str(path), "--interval", "60"])
+    assert result.exit_code == 0, repr(result.exception)

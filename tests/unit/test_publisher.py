@@ -273,6 +273,21 @@ def test_tick_writes_then_stays_quiet_then_reasserts_after_reconfigure(store: Te
     assert records[1].weight_before == 1 and records[1].features_before == ("a100", "ib")
 
 
+def test_a_mig_node_gets_no_nvfree_after_a_reconfigure_either(store: TelemetryStore) -> None:
+    # GPUs 0-3 in MIG mode, 4-7 whole: the agent publishes mig and nvlink4. A reconfigure drops
+    # both; the islands remembered from nvlink4 must not come back on indices that count instances.
+    fake = FakeNode("dgx-01", features=["a100", "mig", "nvlink", "nvlink4"], gres="gpu:8", gres_used="gpu:0(IDX:N/A)")
+    slurm = FakeSlurm([fake])
+    publisher = Publisher(SlurmCli(runner=slurm), store, ScoringConfig())
+    publisher.tick()
+    assert not any(f.startswith("nvfree") for f in slurm.nodes["dgx-01"].features)
+    fake.conf_features = ["a100"]
+    SlurmCli(runner=slurm).reconfigure()
+    publisher.tick()
+    assert "mig" in slurm.nodes["dgx-01"].features  # the static features put back ...
+    assert not any(f.startswith("nvfree") for f in slurm.nodes["dgx-01"].features)  # ... and no nvfree
+
+
 def test_a_restarted_publisher_remembers_its_weights(store: TelemetryStore) -> None:
     slurm = FakeSlurm([FakeNode("a100-01", features=["a100"])])
     Publisher(SlurmCli(runner=slurm), store, ScoringConfig()).tick()
