@@ -381,7 +381,11 @@ class RetentionSchedule:
         if not self._unfinished:
             self._last = now
         self._unfinished = False
-        result = self._retention.run()
+        try:
+            result = self._retention.run()
+        except Exception:
+            self._last = now  # an hour from this failure, also when it ended unfinished work
+            raise
         self._unfinished = not result.finished
         if result.hours_rolled or any(result.deleted.values()):
             more = "" if result.finished else " (budget spent: more at the next tick)"

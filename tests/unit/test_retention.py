@@ -280,6 +280,16 @@ def test_after_an_error_the_schedule_waits_for_the_next_hour_even_inside_unfinis
     with pytest.raises(DatabaseError):
         schedule()
     assert failing[0] == 2
+    # Unfinished work that fails long after its first run waits an hour from the failure too.
+    retention.run = lambda now_ts=None: RetentionResult(finished=False)  # type: ignore[method-assign]
+    clock[0] = 7200.0
+    assert schedule() is not None  # hourly: due, and leaves work
+    clock[0] = 7200.0 + 2 * 3600
+    retention.run = broken  # type: ignore[method-assign]
+    with pytest.raises(DatabaseError):
+        schedule()
+    clock[0] += 10.0
+    assert schedule() is None and failing[0] == 3
 
 
 def test_batched_deletes_take_the_oldest_rows_through_the_ts_index(factory: sessionmaker[Session]) -> None:
