@@ -198,7 +198,8 @@ def test_model_prefers_nodes_publishing_it(cluster: Any, hook_installed: Path, p
     node = cluster.slurm.node(serving)
     features = [f for f in node.available_features if f] + [f"model_{MODEL}"]
     cluster.slurm.update_node(serving, features=features)
-    published.write_text(f"# written {int(time.time())}\nmodel_{MODEL}\n")  # the publisher's header: fresh
+    # As the publisher writes it: a fresh header, then the model and the serving node's other features.
+    published.write_text(f"# written {int(time.time())}\nmodel_{MODEL} {' '.join(features[:-1])}\n")
     try:
         comment = f"aigc:type=infer,model={MODEL},vram=20G"
         jobs.append(submit(cluster, SLEEP, "--hold", "--gres=gpu:1", f"--comment={comment}"))
