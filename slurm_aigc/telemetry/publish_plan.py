@@ -91,11 +91,30 @@ def islands_from_features(gpus_total: int, features: Sequence[str]) -> list[list
 
     Without a better source we assume islands of N consecutive indices (how NVSwitch
     boards, NV4 quads and NVLink-bridge pairs are numbered); no feature: all singletons.
+    A `mig` node: all singletons too, whatever else it says, since Slurm's GPU indices count
+    MIG instances there, not NVML's GPUs, and no index is known to sit on an island.
     """
+    if feat.MIG_FEATURE in features:
+        return [[index] for index in range(gpus_total)]
     sizes = [int(m.group(1)) for f in features if (m := NVLINK_SIZE_RE.match(f))]
     size = max(sizes, default=1)
     size = max(1, min(size, gpus_total)) if gpus_total else 1
     return [list(range(start, min(start + size, gpus_total))) for start in range(0, gpus_total, size)]
+
+
+def features_tell_islands(features: Sequence[str]) -> bool:
+    """Whether `islands_from_features` reads the islands from something the agent published
+    (`mig` or `nvlink<N>`), rather than assuming singletons for want of a feature."""
+    return feat.MIG_FEATURE in features or any(NVLINK_SIZE_RE.match(f) for f in features)
+
+
+def island_layout(gpus_total: int, features: Sequence[str],
+                  known: Sequence[Sequence[int]] | None) -> Sequence[Sequence[int]]:
+    """A node's islands: `known` ones (from topology, or remembered) unless the node's
+    features say `mig`, whose Slurm indices `known` islands do not describe."""
+    if known is None or feat.MIG_FEATURE in features:
+        return islands_from_features(gpus_total, features)
+    return known
 
 
 def island_use(islands: Sequence[Sequence[int]], busy: frozenset[int], busy_count: int) -> tuple[IslandUse, ...]:
@@ -117,12 +136,7 @@ def node_view(node: NodeInfo, mean_util_pct: float | None, models: frozenset[str
     busy_count, busy = gres_busy_gpus(node.gres_used)
     if not node.gres_used:  # GresUsed is printed only by `scontrol -d`: fall back to counts
         busy_count = alloc_tres_gpus(node.fields.get("AllocTRES", ""))
-    if feat.MIG_FEATURE in node.available_features:
-        # Slurm's GPU indices count MIG instances there, not NVML's GPUs: no index is known to
-        # sit on an NVLink island, so no `nvfree<k>` (the remembered islands included).
-        layout: Sequence[Sequence[int]] = [[index] for index in range(total)]
-    else:
-        layout = islands if islands is not None else islands_from_features(total, node.available_features)
+    layout = island_layout(total, node.available_features, islands)
     return NodeView(
         name=node.name, gpus_total=total, gpus_alloc=min(busy_count, total),
         islands=island_use(layout, busy, busy_count), mean_util_pct=mean_util_pct, models_serving=models,

@@ -42,12 +42,12 @@ from slurm_aigc.telemetry import features as feat
 from slurm_aigc.telemetry.config import ScoringConfig
 from slurm_aigc.telemetry.gres import gres_gpu_total
 from slurm_aigc.telemetry.publish_plan import (
-    NVLINK_SIZE_RE,
     IslandSource,
     ModelSightings,
     NodePlan,
     cap_sightings,
     dynamic_features,
+    features_tell_islands,
     island_use,
     islands_from_features,
     lingering_models,
@@ -233,11 +233,10 @@ class Publisher:
     def _remember_islands(self, nodes: Sequence[NodeInfo]) -> None:
         for node in nodes:
             total = gres_gpu_total(node.gres)
-            if feat.MIG_FEATURE in node.available_features:
-                # Remembered as no island: after a reconfigure drops `mig` with the rest, the
-                # islands of `nvlink<N>` would be read on Slurm indices that count MIG instances.
-                self._islands_seen[node.name] = [[index] for index in range(total)]
-            elif any(NVLINK_SIZE_RE.match(f) for f in node.available_features):
+            if features_tell_islands(node.available_features):
+                # A `mig` node is remembered as without islands: after a reconfigure drops `mig`
+                # with the rest, the islands of `nvlink<N>` would be read on Slurm indices that
+                # count MIG instances.
                 self._islands_seen[node.name] = islands_from_features(total, node.available_features)
 
     def _islands(self, name: str) -> Sequence[Sequence[int]] | None:

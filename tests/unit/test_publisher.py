@@ -30,6 +30,7 @@ from slurm_aigc.telemetry.gres import (
     node_gpu_allocations,
     split_gres,
 )
+from slurm_aigc.telemetry.publish_plan import features_tell_islands, island_layout
 from slurm_aigc.telemetry.publisher import (
     Publisher,
     islands_from_features,
@@ -138,6 +139,12 @@ def test_islands_from_the_agents_nvlink_feature() -> None:
     assert islands_from_features(8, ["a100", "nvlink8"]) == [list(range(8))]
     assert islands_from_features(8, ["nvlink", "nvlink4"]) == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert islands_from_features(4, ["t4"]) == [[0], [1], [2], [3]]
+    # Slurm's indices count MIG instances on a `mig` node: no island, whatever else is listed.
+    assert islands_from_features(4, ["mig", "nvlink4"]) == [[0], [1], [2], [3]]
+    assert island_layout(4, ["mig", "nvlink4"], [[0, 1, 2, 3]]) == [[0], [1], [2], [3]]
+    assert island_layout(4, ["nvlink2"], [[0, 1, 2, 3]]) == [[0, 1, 2, 3]]
+    assert island_layout(4, ["nvlink2"], None) == [[0, 1], [2, 3]]
+    assert [features_tell_islands(f) for f in (["mig"], ["nvlink2"], ["a100", "nvlink"])] == [True, True, False]
 
 
 def test_the_agent_publishes_only_an_island_size_the_publisher_reads_back_truly() -> None:
