@@ -628,7 +628,18 @@ def _engine(url: str | URL, timeout_s: int | None) -> Engine:
         # READ COMMITTED: retention's batched deletes take no gap locks that block the agents' inserts.
         return create_engine(parsed, connect_args=args, pool_pre_ping=True, pool_recycle=3600,
                              isolation_level="READ COMMITTED")
-    return create_engine(parsed, connect_args=args, pool_pre_ping=True)
+    engine = create_engine(parsed, connect_args=args, pool_pre_ping=True)
+    event.listen(engine, "begin", _exact_floats)
+    return engine
+
+
+def _exact_floats(connection: Connection) -> None:
+    # PostgreSQL prints a float8 to 15 significant digits where extra_float_digits is 0 (a site's
+    # or a role's setting; 1, exact, is the default since 12): a sample's ts, 1.7e9 s to the
+    # microsecond, came back rounded, and retention, paging an hour by the last ts it read,
+    # skipped rows. SET LOCAL, in every transaction: under PgBouncer's transaction pooling a
+    # session's SET would stay on one server connection, and our next transaction runs on another.
+    connection.exec_driver_sql("SET LOCAL extra_float_digits = 3")
 
 
 def _sqlite_pragmas(connection: object, _record: object) -> None:

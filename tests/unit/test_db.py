@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, event, func, insert, inspect, select, text
 from sqlalchemy.dialects import mysql, postgresql, sqlite
-from sqlalchemy.engine import Dialect
+from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.schema import CreateTable
 
 from slurm_aigc import db
@@ -285,12 +285,13 @@ def test_connect_args_keep_what_the_url_sets() -> None:
 @pytest.mark.parametrize("url", ["mysql+pymysql://u:p@h/d", "postgresql+psycopg://u:p@h/d"])
 def test_the_engine_is_handed_the_default_timeouts(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     handed: list[dict[str, Any]] = []
+    engine = db.create_engine("sqlite://")  # a real one, for the listeners the dialect adds
 
-    def fake_create_engine(_url: object, **kwargs: Any) -> str:
+    def fake_create_engine(_url: object, **kwargs: Any) -> Engine:
         handed.append(kwargs)
-        return "engine"
+        return engine
     monkeypatch.setattr(db, "create_engine", fake_create_engine)
-    assert db._engine(url, db.DB_TIMEOUT_S) == "engine"
+    assert db._engine(url, db.DB_TIMEOUT_S) is engine
     [kwargs] = handed
     assert kwargs["connect_args"] == db.connect_args(url, 60) and db.DB_TIMEOUT_S == 60
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 import pytest
-from sqlalchemy import event, func, insert, select
+from sqlalchemy import create_engine, event, func, insert, make_url, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from slurm_aigc.db import (
@@ -299,11 +299,37 @@ def test_batched_deletes_take_the_oldest_rows_through_the_ts_index(factory: sess
         engine = session.get_bind().engine
     batches = sent(engine, lambda statement: statement.startswith("SELECT") and " LIMIT " in statement,
                    lambda: Retention(factory, 48.0, batch_rows=1000, budget_s=math.inf).run(NOW))
-    first = {table: next(b for b in batches if f"FROM {table} " in b[0]) for table in ("job_gpu_samples", "gpu_samples")}
+    # The deletes' batches, not the rollup's reads of one hour (a range PostgreSQL may scan).
+    first = {table: next(b for b in batches if b[0].startswith(f"SELECT {table}.id ")) for table in ("job_gpu_samples", "gpu_samples")}
     seed(factory)  # plans of the tables as they were, every row there
     for table, index in (("job_gpu_samples", "ix_job_gpu_samples_ts"), ("gpu_samples", GPU_SAMPLES_COVERING_INDEX)):
         statement, parameters = first[table]
         assert plan(engine, statement, parameters, table) == Plan(frozenset({index}), sorts=False), statement
+
+
+def test_an_hour_is_read_whole_where_the_server_prints_floats_rounded(db_url: str) -> None:
+    # PostgreSQL prints float8 to 15 significant digits where extra_float_digits = 0 (a site's or
+    # a role's setting): a ts of 1.7e9 s to the microsecond came back rounded, and paging the hour
+    # by the last ts read skipped the rows between the true and the printed value.
+    if make_url(db_url).get_backend_name() == "postgresql":
+        admin = create_engine(db_url, isolation_level="AUTOCOMMIT")
+        with admin.connect() as connection:
+            connection.exec_driver_sql(f"ALTER DATABASE {make_url(db_url).database} SET extra_float_digits = 0")
+        admin.dispose()  # the setting applies to new sessions
+        with admin.connect() as connection:
+            assert connection.exec_driver_sql("SELECT 1764460900.123456::float8").scalar() == 1764460900.12346
+        admin.dispose()
+    factory = open_database(db_url)
+    first = T0 + 100.123456
+    stamps = [first + k * 1e-6 for k in range(5)]
+    with transaction(factory) as session:
+        session.execute(insert(JobGpuSample), [{"ts": ts, "node": "a100-01", "job_id": "51", "gpu_index": 0,
+                                                "sm_util_pct": 50.0, "memory_used_mib": 1.0, "memory_total_mib": 2.0}
+                                               for ts in stamps])
+    with transaction(factory) as session:
+        assert sorted(session.scalars(select(JobGpuSample.ts))) == stamps
+    result = Retention(factory, 48.0, batch_rows=2, budget_s=math.inf).run(NOW)
+    assert result.raw_rows_read == 5 and result.rollup_rows == 1
 
 
 def mark(factory: sessionmaker[Session]) -> float | None:
