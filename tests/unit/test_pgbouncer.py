@@ -147,3 +147,18 @@ def test_the_agents_statements_through_pgbouncer_are_bounded_by_its_role(pgbounc
     factory = open_database(through(pgbouncer, deployed.agent))
     with transaction(factory) as session:
         assert session.scalar(text("SHOW statement_timeout")) == "1min"
+
+
+def test_floats_come_back_exact_through_pgbouncer_whatever_the_roles_extra_float_digits(
+        pgbouncer: str, deployed: PostgresRoles, postgresql: DatabaseServer) -> None:
+    # Each transaction sets extra_float_digits itself (SET LOCAL), so it holds on whichever server
+    # connection PgBouncer lends it; the role's 0 would print a sample's ts to 15 digits.
+    controller_role = make_url(deployed.controller).username
+    admin = create_engine(make_url(postgresql.server_url).set(database=deployed.database), isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f"ALTER ROLE {controller_role} SET extra_float_digits = 0"))
+    admin.dispose()
+    factory = open_database(through(pgbouncer, deployed.controller))
+    for _ in range(8):  # more transactions than PgBouncer's server connections
+        with transaction(factory) as session:
+            assert session.scalar(text("SELECT 1764460900.123456::float8")) == 1764460900.123456
