@@ -268,16 +268,27 @@ local function parse_gpu_entry(entry)
     return { prefix = prefix, type = gpu_type, sep = sep, count = tonumber(count) }
 end
 
--- Does any GRES field ask for a GPU or for shards of one (whatever the syntax)?
-local function asks_gpu(view)
+-- Every entry of the job's GRES fields, in field order: {field, value, index (in its field), entry}.
+local function gres_entries(view)
+    local entries = {}
     for _, field in ipairs(GRES_FIELDS) do
         local value = get(view, field)
         if type(value) == "string" then
+            local index = 0
             for entry in gmatch(value, "[^,]+") do
-                local name = match(entry, "^gres[:/]([%w_]+)") or match(entry, "^([%w_]+)")
-                if name == "gpu" or name == SHARD_GRES then return true end
+                index = index + 1
+                entries[#entries + 1] = { field = field, value = value, index = index, entry = entry }
             end
         end
+    end
+    return entries
+end
+
+-- Does any GRES field ask for a GPU or for shards of one (whatever the syntax)?
+local function asks_gpu(view)
+    for _, e in ipairs(gres_entries(view)) do
+        local name = match(e.entry, "^gres[:/]([%w_]+)") or match(e.entry, "^([%w_]+)")
+        if name == "gpu" or name == SHARD_GRES then return true end
     end
     return false
 end
@@ -285,20 +296,13 @@ end
 -- Finds the one field holding a GPU request. Returns (gpu or nil, ambiguous).
 local function find_gpu(view)
     local found
-    for _, field in ipairs(GRES_FIELDS) do
-        local value = get(view, field)
-        if value and find(value, "gpu", 1, true) then
-            local index = 0
-            for entry in gmatch(value, "[^,]+") do
-                index = index + 1
-                local gpu = parse_gpu_entry(entry)
-                if gpu == false then return nil, true end
-                if gpu then
-                    if found then return nil, true end
-                    gpu.field, gpu.value, gpu.index = field, value, index
-                    found = gpu
-                end
-            end
+    for _, e in ipairs(gres_entries(view)) do
+        local gpu = parse_gpu_entry(e.entry)
+        if gpu == false then return nil, true end
+        if gpu then
+            if found then return nil, true end
+            gpu.field, gpu.value, gpu.index = e.field, e.value, e.index
+            found = gpu
         end
     end
     return found, false
