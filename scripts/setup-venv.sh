@@ -11,8 +11,9 @@ if [ ! -x .venv/bin/python ]; then
     echo "[setup] creating .venv" >&2
     "$PYTHON" -m venv .venv || { apt-get install -y -q python3-venv >&2 && "$PYTHON" -m venv .venv; }
 fi
-# mysql: the integration tests and every store's tests also run on the local cluster's MariaDB.
-EXTRAS='.[test,mysql]'
+# mysql: the integration tests and every store's tests also run on the local cluster's MariaDB;
+# postgresql: and on scripts/pg-test-server.sh's PostgreSQL and PgBouncer.
+EXTRAS='.[test,mysql,postgresql]'
 # The install is editable, so only a change of the requirements needs pip again: skipping it
 # keeps a second run off the network (the other-release chroot runs its suite without one).
 stamp=$(cat setup.cfg pyproject.toml <(echo "$EXTRAS") | sha256sum | cut -c1-16)

@@ -14,6 +14,9 @@ bash scripts/setup-venv.sh
 # The suite runs on the default shape, replacing a cluster left up in another shape (a benchmark's).
 export SLURM_AIGC_TEST_SHAPE="${SLURM_AIGC_TEST_SHAPE:-a100:8x2,t4:4x2}"
 .venv/bin/slurm-aigc cluster up --shape "$SLURM_AIGC_TEST_SHAPE" --replace
+# The PostgreSQL and PgBouncer legs (tests/conftest.py): this machine's part only, the chroot's
+# suite gets no URL and skips them.
+eval "$(bash scripts/pg-test-server.sh)"
 echo "[test] setup and bring-up took $(( $(date +%s) - start )) s" >&2
 set +e
 echo "[test] ruff and mypy --strict" >&2

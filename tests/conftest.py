@@ -127,8 +127,9 @@ def mariadb() -> Iterator[DatabaseServer]:
     server.drop_all()
 
 
-# Opt-in PostgreSQL leg (not in scripts/test.sh): the URL of a role that may create databases and
-# roles on a PostgreSQL >= 13 server, e.g. postgresql+psycopg://aigc_pgtest:PW@localhost/postgres.
+# PostgreSQL leg (scripts/test.sh starts a server: scripts/pg-test-server.sh; elsewhere opt-in): the URL
+# of a role that may create databases and roles on a PostgreSQL >= 13 server, e.g.
+# postgresql+psycopg://aigc_pgtest:PW@localhost/postgres.
 PG_URL_ENV = "SLURM_AIGC_TEST_PG_URL"
 
 
@@ -148,7 +149,7 @@ def postgresql() -> Iterator[DatabaseServer]:
     server.drop_all()
 
 
-# Opt-in PgBouncer leg (with the PostgreSQL leg): a PgBouncer in transaction mode in front of the
+# PgBouncer leg (with the PostgreSQL leg; scripts/test.sh starts one too): a PgBouncer in transaction mode in front of the
 # server of SLURM_AIGC_TEST_PG_URL, by host and port, e.g. postgresql+psycopg://127.0.0.1:6432; what
 # it must be configured with: tests/unit/test_pgbouncer.py.
 PGBOUNCER_URL_ENV = "SLURM_AIGC_TEST_PGBOUNCER_URL"

@@ -6,7 +6,8 @@ exist (PgBouncer < 1.21, or `max_prepared_statements = 0`). Measured before the 
 PgBouncer 1.18 with 4 server connections: 666 of 1,200 polls failed. The agent's engine therefore
 prepares nothing (`db.connect_args`).
 
-The PgBouncer leg is opt-in: $SLURM_AIGC_TEST_PG_URL (tests/conftest.py) and
+The PgBouncer leg runs where scripts/test.sh runs (scripts/pg-test-server.sh starts the pair), else
+it is opt-in: $SLURM_AIGC_TEST_PG_URL (tests/conftest.py) and
 $SLURM_AIGC_TEST_PGBOUNCER_URL=postgresql+psycopg://HOST:PORT, a PgBouncer (1.18 or later) in front of
 that server with, in pgbouncer.ini:
 
