@@ -61,9 +61,17 @@ class JobOutcome:
     hangs: bool = False
     shared: bool = False
     last_start_ts: float | None = None
-    # Resubmitted after its first attempt FAILED (out of GPU memory); that attempt was on shards.
+    # Resubmitted after its first attempt FAILED (out of GPU memory); that attempt was on shards, or
+    # on a whole GPU its job fits (a shard job Slurm 22.05 left there took the memory): harmed.
     retried: bool = False
     failed_shared: bool = False
+    # Every spell in the queue: (submit, start or None), one per sacct record (a requeue resets the
+    # submit time) and per resubmission; empty: (submit_ts, start_ts) alone.
+    queued: tuple[tuple[float, float | None], ...] = ()
+    # From the workload: when the job's work is done before its run ends (an idle tail), seconds from
+    # its first run's start; None: at the end of its run. `first_end_ts`: that first run's end.
+    work_end_s: float | None = None
+    first_end_ts: float | None = None
 
 
 @dataclass(frozen=True)
@@ -336,12 +344,13 @@ def backlog_figures(
     used = used_gpu_s(series, start_ts, end)
     useful_s = used_gpu_s(series, start_ts, end, useful=useful)
     done = [o for o in outcomes if completed_by(o, end)]
+    worked = [o for o in outcomes if work_done_by(o, end)]
     waits = [w for w in (censored_wait_s(o, end) for o in outcomes) if w is not None]
     slowdowns = [x for x in (shared_slowdown(o) for o in done) if x is not None]
     capacity_s = capacity_gpus * duration_s
     return BacklogFigures(
         duration_s=duration_s, backlog=backlog, capacity_gpus=capacity_gpus, submitted=len(outcomes),
-        completed=len(done), work_completed_gpu_s=sum(o.work_gpu_s for o in done),
+        completed=len(worked), work_completed_gpu_s=sum(o.work_gpu_s for o in worked),
         used_gpu_s=used, useful_gpu_s=useful_s,
         effective_utilization=used / capacity_s, useful_utilization=useful_s / capacity_s,
         mean_wait_s=mean(waits), p95_wait_s=percentile(waits, 95), waits=censored_class_waits(outcomes, end),
@@ -371,15 +380,39 @@ def completed_by(outcome: JobOutcome, end_ts: float) -> bool:
     return _state(outcome) == "COMPLETED" and outcome.end_ts is not None and outcome.end_ts <= end_ts
 
 
+def work_done_by(outcome: JobOutcome, end_ts: float) -> bool:
+    """Its work was done by the window's end: it ended COMPLETED by then, or (an idle-tail job)
+    its first run got past its last busy phase by then and only held its GPUs idle after it.
+
+    Counting only the jobs that ended would credit a shorter idle tail as more work: at D stock
+    Slurm holds more finished-but-idle jobs than a run whose reclaim ends their tails. A first run
+    that ended before its work was done (requeued in its busy phase: the rerun plays nothing) did
+    not do it. The work end is nominal: a shared job's busy phases may stretch (slowdown), so it
+    reads a few seconds early for those.
+    """
+    if outcome.work_end_s is None or outcome.start_ts is None:
+        return completed_by(outcome, end_ts)
+    done_at = outcome.start_ts + outcome.work_end_s
+    if outcome.first_end_ts is not None and outcome.first_end_ts < done_at:
+        return False
+    return done_at <= end_ts and _state(outcome) not in NEVER_QUEUED
+
+
 def censored_wait_s(outcome: JobOutcome, end_ts: float) -> float | None:
-    """Wait of a job submitted in the window: to its first start, or to the window's end if it never
-    started by then (a lower bound, so a run that starves jobs cannot look better by leaving them out).
-    A job sbatch refused never waited in the queue: it is harmed, not waiting."""
+    """Time a job submitted in the window spent pending, every spell of it: to its first start, and
+    again from each requeue (or resubmission) to the next start; a spell not ended by the window's
+    end counts to the end (a lower bound, so a run that starves jobs cannot look better by leaving
+    them out). Every pending second is charged: both runs keep the same number of jobs pending, a
+    requeued job pending again among them. A job sbatch refused never waited in the queue: it is
+    harmed, not waiting."""
     if outcome.submit_ts > end_ts or _state(outcome) == "REFUSED":
         return None
-    if outcome.start_ts is not None and outcome.start_ts <= end_ts:
-        return max(0.0, outcome.start_ts - outcome.submit_ts)
-    return max(0.0, end_ts - outcome.submit_ts)
+    spells = outcome.queued or ((outcome.submit_ts, outcome.start_ts),)
+    waited = 0.0
+    for submitted, started in spells:
+        if submitted <= end_ts:
+            waited += max(0.0, (started if started is not None and started <= end_ts else end_ts) - submitted)
+    return waited
 
 
 def censored_class_waits(outcomes: Sequence[JobOutcome], end_ts: float) -> tuple[ClassWait, ...]:

@@ -43,6 +43,7 @@ from slurm_aigc.replay.workload import Workload, WorkloadJob
 from slurm_aigc.report.sacct import JobRecord, SacctQuery, SacctReader, SkippedRow
 from slurm_aigc.report.tres import gpu_equivalents
 from slurm_aigc.slurm import SlurmCli
+from slurm_aigc.telemetry.gres import expand_nodes
 from slurm_aigc.telemetry.store import TelemetryStore
 
 Progress = Callable[[str], None]
@@ -192,15 +193,19 @@ def retry_args(job: WorkloadJob, gpu_type: str | None) -> list[str]:
     return [typed if arg.startswith("--gres=") else arg for arg in sbatch_args(job)]
 
 
-def merge_retry(first: JobOutcome, retry: JobOutcome) -> JobOutcome:
-    """One outcome for a job and its resubmission: the retry's run, waited for since the first submit.
+def merge_retry(first: JobOutcome, retry: JobOutcome, failed_where_it_fits: bool = False) -> JobOutcome:
+    """One outcome for a job and its resubmission: the retry's run, with both attempts' spells in the
+    queue (its wait) and both attempts' GPU time (allocated).
 
-    Both attempts' GPU time counts as allocated. A first attempt that failed on shards of a
-    shared GPU is marked: a neighbour took the memory, so sharing harmed the job.
+    A first attempt that failed on shards of a shared GPU is marked: a neighbour took the memory,
+    so sharing harmed the job. So is one that failed on a whole GPU its job fits
+    (`failed_where_it_fits`): only a shard job Slurm 22.05 left on that GPU can have taken it.
     """
     allocated = (first.allocated_gpu_s or 0.0) + (retry.allocated_gpu_s or 0.0)
+    spells = (first.queued or ((first.submit_ts, first.start_ts),)) + (retry.queued or ((retry.submit_ts, retry.start_ts),))
     return replace(retry, job_id=first.job_id, submit_ts=first.submit_ts, allocated_gpu_s=allocated,
-                   requeues=first.requeues + retry.requeues, retried=True, failed_shared=first.shared)
+                   requeues=first.requeues + retry.requeues, retried=True,
+                   failed_shared=first.shared or failed_where_it_fits, queued=spells)
 
 
 def user_for(job: WorkloadJob, index: int, users: Sequence[str]) -> str:
@@ -307,8 +312,10 @@ def outcomes_from_records(records: Sequence[JobRecord], classes: dict[str, str],
     return [with_workload(o, (jobs or {}).get(o.job_id)) for o in outcomes]
 
 
-def merge_retries(outcomes: Sequence[JobOutcome], retries: Mapping[str, str]) -> list[JobOutcome]:
-    """`outcomes` with each resubmission merged into its first attempt (`merge_retry`), in the first's place."""
+def merge_retries(outcomes: Sequence[JobOutcome], retries: Mapping[str, str],
+                  failed_where_it_fits: Collection[str] = ()) -> list[JobOutcome]:
+    """`outcomes` with each resubmission merged into its first attempt (`merge_retry`), in the first's
+    place; `failed_where_it_fits`: first attempts that failed on GPUs their job fits (`fit_failures`)."""
     by_id = {o.job_id: o for o in outcomes}
     retry_ids = set(retries.values())
     merged = []
@@ -316,15 +323,40 @@ def merge_retries(outcomes: Sequence[JobOutcome], retries: Mapping[str, str]) ->
         if outcome.job_id in retry_ids:
             continue
         retry = by_id.get(retries.get(outcome.job_id, ""))
-        merged.append(merge_retry(outcome, retry) if retry is not None else outcome)
+        merged.append(merge_retry(outcome, retry, outcome.job_id in failed_where_it_fits) if retry is not None else outcome)
     return merged
+
+
+def fit_failures(records: Iterable[JobRecord], retries: Mapping[str, str], jobs: Mapping[str, WorkloadJob],
+                 memory_gib_by_node: Mapping[str, float]) -> set[str]:
+    """First attempts that FAILED on whole GPUs whose memory holds what their job uses: the memory
+    was another job's (on Slurm 22.05 a shard job still on a GPU Slurm handed out whole)."""
+    found = set()
+    for job_id, rows in records_by_job(records).items():
+        job = jobs.get(job_id)
+        failed = [r for r in rows if r.state.split()[0] == "FAILED" and r.start_ts is not None]
+        if job_id not in retries or job is None or not failed:
+            continue
+        last = failed[-1]
+        memory = [memory_gib_by_node.get(node) for node in expand_nodes(last.node_list)] if last.node_list else []
+        if last.tres.shards == 0 and memory and all(m is not None and job.mem_used_gib_per_gpu <= m for m in memory):
+            found.add(job_id)
+    return found
 
 
 def with_workload(outcome: JobOutcome, job: WorkloadJob | None) -> JobOutcome:
     if job is None:
         return outcome
     return replace(outcome, work_gpu_s=nominal_work_gpu_s(job), nominal_s=total_seconds(job.profile),
-                   hangs=any(p.kind == "hung" for p in job.profile))
+                   hangs=any(p.kind == "hung" for p in job.profile), work_end_s=work_end_s(job))
+
+
+def work_end_s(job: WorkloadJob) -> float | None:
+    """When an idle-tail job's work is done, from its run's start (its profile less the final idle
+    phase; a requeued run has nothing left to do); None for a job that works to its end."""
+    if job.requeue_profile or not job.profile or job.profile[-1].kind != "idle":
+        return None
+    return total_seconds(job.profile) - job.profile[-1].seconds
 
 
 def _outcome(job_id: str, rows: list[JobRecord], job_class: str, shards_per_gpu: dict[str, int]) -> JobOutcome:
@@ -338,11 +370,14 @@ def _outcome(job_id: str, rows: list[JobRecord], job_class: str, shards_per_gpu:
             allocated += (row_whole + row_fraction) * ((row.end_ts or time.time()) - row.start_ts)
     submit = min(r.submit_ts for r in rows if r.submit_ts is not None) if any(r.submit_ts for r in rows) else 0.0
     starts = [r.start_ts for r in rows if r.start_ts is not None]
+    ran = [r for r in rows if r.start_ts is not None]
     return JobOutcome(
         job_id=job_id, job_class=job_class, gpus=whole + fraction, submit_ts=submit,
         start_ts=min(starts) if starts else None, end_ts=last.end_ts, state=last.state.split()[0],
         requeues=sum(1 for r in rows if r.requeued), allocated_gpu_s=allocated,
         shared=last.tres.shards > 0, last_start_ts=last.start_ts,
+        queued=tuple((r.submit_ts, r.start_ts) for r in rows if r.submit_ts is not None),
+        first_end_ts=ran[0].end_ts if ran else None,
     )
 
 
@@ -561,8 +596,10 @@ class ReplayRun:
         by_id = {job_id: job for job in self.workload.jobs if (job_id := self.job_ids.get(job.name))}
         by_id.update({retry: by_id[first] for first, retry in retries.items() if first in by_id})
         classes.update({retry: classes[first] for first, retry in retries.items() if first in classes})
+        memory = {n.name: float(n.gpu.memory_gib) for n in self.cluster.shape().nodes}
+        misfits = fit_failures(records, retries, by_id, memory)
         outcomes = [replace(o, state="LOST (timeout)") if o.job_id in self.timed_out else o
-                    for o in merge_retries(outcomes_from_records(records, classes, shards, by_id), retries)]
+                    for o in merge_retries(outcomes_from_records(records, classes, shards, by_id), retries, misfits)]
         # A job sacct never heard of was lost by the scheduler (or refused): count it.
         seen = {o.job_id for o in outcomes}
         for job_id in ids:

@@ -15,6 +15,7 @@ from slurm_aigc.replay.metrics import (
     used_gpu_s,
     utilization_timeline,
     window,
+    work_done_by,
 )
 from slurm_aigc.report.figures import DEFAULT_USEFUL_RULE, UsefulRule
 
@@ -176,6 +177,25 @@ def test_backlog_figures_count_only_the_window() -> None:
     assert (figures.jobs_harmed, figures.jobs_requeued) == (1, 3)
     assert (figures.harmed_jobs, figures.sharing_timeout_jobs) == (("8 FAILED",), ("6",))  # named in compare.json
     assert figures.to_dict()["backlog"] == 4
+
+
+def test_an_idle_tail_job_counts_as_done_once_its_work_is_past_not_once_its_tail_ends() -> None:
+    # Counting only jobs that ended credited a shorter idle tail as more work: at D stock Slurm
+    # holds more finished-but-idle jobs than a run whose reclaim ends their tails.
+    from dataclasses import replace
+    t0, d = 1000.0, 100.0
+    in_tail = replace(job_run("1", "infer", t0, t0 + 10, t0 + d, "CANCELLED by 0", work=30.0), work_end_s=40.0,
+                      first_end_ts=t0 + d)  # work done at t0 + 50, idle until cancelled at D
+    too_late = replace(job_run("2", "infer", t0, t0 + 70, t0 + d, "CANCELLED by 0", work=30.0), work_end_s=40.0,
+                       first_end_ts=t0 + d)  # its work would be done at t0 + 110
+    cut_short = replace(job_run("3", "infer", t0, t0 + 5, t0 + 60, work=7.0, requeues=1), work_end_s=40.0,
+                        first_end_ts=t0 + 20)  # requeued 15 s in (its work half done); the rerun plays nothing
+    reclaimed = replace(job_run("4", "infer", t0, t0 + 5, t0 + 80, work=11.0, requeues=1), work_end_s=40.0,
+                        first_end_ts=t0 + 70)  # requeued in its tail: its work was done
+    figures = backlog_figures([in_tail, too_late, cut_short, reclaimed], [], 4, t0, d, 4)
+    assert (figures.completed, figures.work_completed_gpu_s) == (2, 30.0 + 11.0)
+    assert (work_done_by(in_tail, t0 + d), work_done_by(too_late, t0 + d)) == (True, False)
+    assert (work_done_by(cut_short, t0 + d), work_done_by(reclaimed, t0 + d)) == (False, True)
 
 
 def test_backlog_useful_utilization_drops_the_hung_stretch_inside_the_window() -> None:

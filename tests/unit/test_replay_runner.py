@@ -16,6 +16,7 @@ from slurm_aigc.replay.metrics import UsageSample, backlog_figures, censored_wai
 from slurm_aigc.replay.runner import (
     Backlog,
     RunSettings,
+    fit_failures,
     hung_sm,
     hung_spans,
     job_script,
@@ -27,6 +28,7 @@ from slurm_aigc.replay.runner import (
     retry_args,
     sbatch_args,
     user_for,
+    work_end_s,
 )
 from slurm_aigc.replay.workload import Workload, WorkloadJob
 from slurm_aigc.report.figures import DEFAULT_USEFUL_RULE
@@ -166,7 +168,7 @@ def test_a_job_that_ran_out_of_memory_is_resubmitted_on_the_largest_gpu_type() -
     assert [a for a in again if not a.startswith("--gres=")] == [a for a in first if not a.startswith("--gres=")]
 
 
-def test_a_retry_is_one_outcome_waited_for_since_the_first_submit() -> None:
+def test_a_retry_is_one_outcome_that_waited_both_attempts_spells_in_the_queue() -> None:
     text = sacct_text([
         record("7", "FAILED", "2026-01-01T00:00:00", "2026-01-01T00:00:10", "2026-01-01T00:00:12", "gres/gpu=1", node="t4-01"),
         record("9", "COMPLETED", "2026-01-01T00:00:13", "2026-01-01T00:01:00", "2026-01-01T00:02:00", "gres/gpu=1"),
@@ -179,7 +181,7 @@ def test_a_retry_is_one_outcome_waited_for_since_the_first_submit() -> None:
     seven, eight = outcomes
     assert seven.retried and seven.state == "COMPLETED" and seven.allocated_gpu_s == 2 + 60
     end = seven.submit_ts + 600
-    assert censored_wait_s(seven, end) == 60  # from the first submit to the retry's start
+    assert censored_wait_s(seven, end) == 10 + 47  # both spells in the queue, not the failed run between
     assert not harmed_by(seven, end)
     assert eight.failed_shared and harmed_by(eight, end)  # a neighbour on its shared GPU took the memory
     figures = backlog_figures(outcomes, [], 8, seven.submit_ts, 600, 4)
@@ -351,3 +353,44 @@ def test_a_given_database_is_used_as_it_is_not_a_fresh_one(tmp_path: Path) -> No
     kept = replace(settings, db="/etc/slurm-aigc/db/warm.url")
     assert runner.ReplayRun(Workload(()), kept, cluster, print)._fresh_database() == "/etc/slurm-aigc/db/warm.url"
     assert made == ["replay_aigc"]  # nothing recreated
+
+
+def test_a_requeued_jobs_second_spell_in_the_queue_is_part_of_its_wait() -> None:
+    # Both runs keep K jobs pending, a requeued one among them: its second spell was charged to no
+    # job, and slurm-aigc (which requeues) read about 8 of 64 pending slots as waiting nobody.
+    text = sacct_text([
+        record("7", "REQUEUED", "2026-01-01T00:00:00", "2026-01-01T00:00:10", "2026-01-01T00:01:10", "gres/gpu=2"),
+        record("7", "COMPLETED", "2026-01-01T00:01:10", "2026-01-01T00:01:30", "2026-01-01T00:02:00", "gres/gpu=2"),
+        record("8", "REQUEUED", "2026-01-01T00:00:00", "2026-01-01T00:00:05", "2026-01-01T00:00:20", "gres/gpu=1"),
+        record("8", "CANCELLED by 0", "2026-01-01T00:00:20", "", "2026-01-01T00:01:40", "gres/gpu=1"),
+    ])
+    rows = [r for r in parse_sacct_output(text_to_json(text)) if isinstance(r, JobRecord)]
+    seven, eight = outcomes_from_records(rows, {}, {"a100": 80})
+    end = seven.submit_ts + 100
+    assert censored_wait_s(seven, end) == 10 + 20
+    assert censored_wait_s(eight, end) == 5 + 80  # pending again from its requeue to the window's end
+
+
+def test_a_whole_gpu_job_that_failed_where_its_memory_fits_was_harmed_by_a_neighbour() -> None:
+    # Slurm 22.05 hands a GPU whole while a shard job still holds part of it: a job that fits an
+    # a100 failing out of memory there lost it to sharing; the same job failing on a t4 did not.
+    text = sacct_text([
+        record("7", "FAILED", "2026-01-01T00:00:00", "2026-01-01T00:00:10", "2026-01-01T00:00:12", "gres/gpu=1", node="a100-01"),
+        record("9", "COMPLETED", "2026-01-01T00:00:13", "2026-01-01T00:01:00", "2026-01-01T00:02:00", "gres/gpu=1"),
+        record("8", "FAILED", "2026-01-01T00:00:00", "2026-01-01T00:00:01", "2026-01-01T00:00:02", "gres/gpu=1", node="t4-02"),
+        record("10", "COMPLETED", "2026-01-01T00:00:03", "2026-01-01T00:00:04", "2026-01-01T00:00:30", "gres/gpu=1"),
+    ])
+    rows = [r for r in parse_sacct_output(text_to_json(text)) if isinstance(r, JobRecord)]
+    retries = {"7": "9", "8": "10"}
+    jobs = {job_id: job(gpus=1, mem_used_gib_per_gpu=30.0) for job_id in ("7", "8", "9", "10")}
+    misfits = fit_failures(rows, retries, jobs, {"a100-01": 80.0, "t4-02": 16.0})
+    assert misfits == {"7"}
+    seven, eight = merge_retries(outcomes_from_records(rows, {}, {"a100": 80, "t4": 16}), retries, misfits)
+    end = seven.submit_ts + 600
+    assert harmed_by(seven, end) and not harmed_by(eight, end)
+
+
+def test_an_idle_tail_jobs_work_counts_once_its_busy_phases_are_past() -> None:
+    tail = job(gpus=1, profile=(Phase("loading", 10), Phase("busy", 30), Phase("idle", 60)), requeue_profile=())
+    assert work_end_s(tail) == 40 and work_end_s(job()) is None
+    assert work_end_s(job(profile=(Phase("busy", 30), Phase("idle", 60)), requeue_profile=(Phase("busy", 30),))) is None
