@@ -15,6 +15,12 @@ between that re-read and the requeue is not run again either.
 A shrink holds the job (`requeuehold`) until it is PENDING, lowers its GPU request and
 releases it. When the job is not PENDING in time (a slow epilog), the intent stays open
 and every later tick (and a restarted controller) finishes it: a hold always ends released.
+Reconcile finishes only its own hold: one restart since the intent and the hold requeuehold
+leaves (`jobs.requeue_held`); any other hold is left alone and the intent closed failed.
+
+A failure after which nothing provably happened in Slurm (the re-read before acting failed,
+or the restart count is unchanged after a requeue or requeuehold did not take) is recorded
+with `acted: false`: the ladder may try that step again after the cool-down.
 
 In dry-run the intent is recorded and closed as `skipped` with the exact commands it would
 have run, and reconciliation only reports; Slurm is not touched.
@@ -30,7 +36,14 @@ from typing import Any
 
 from slurm_aigc.errors import AigcError, SlurmCommandError
 from slurm_aigc.reclaim.config import ReclaimConfig
-from slurm_aigc.reclaim.jobs import declared_signal, is_held, job_facts, requested_gpus, shrink_updates
+from slurm_aigc.reclaim.jobs import (
+    declared_signal,
+    is_held,
+    job_facts,
+    requested_gpus,
+    requeue_held,
+    shrink_updates,
+)
 from slurm_aigc.reclaim.ladder import ADMIN_COMMENT_TAG, PlannedAction, exemption, signal_refusal
 from slurm_aigc.reclaim.store import ActionRow, ReclaimStore
 from slurm_aigc.slurm import JobInfo, Runner, SlurmCli, quote_argv, run_command
@@ -203,7 +216,9 @@ class Actuator:
         try:
             current = self._reread(plan.job_id)
         except SlurmCommandError as error:
-            return outcome("failed", (), {"error": f"could not re-read the job before acting: {error}; not acted"})
+            # Nothing was sent to Slurm: the step may be tried again (`acted: false`, see ladder).
+            return outcome("failed", (), {"error": f"could not re-read the job before acting: {error}; not acted",
+                                          "acted": False})
         why_not = recheck(plan, current, self.config)
         if self._after_intent is not None:
             self._after_intent(plan)
@@ -241,10 +256,7 @@ class Actuator:
             self._slurm.cancel(plan.job_id, signal=self.config.signal, batch_only=batch)
             return {"result": f"sent SIG{self.config.signal} to the {'batch shell' if batch else 'job steps'}"}
         if plan.action == "requeue":
-            self._slurm.requeue(plan.job_id, incomplete_only=True)
-            if not self._restarted(plan.job_id, job.restarts):
-                return {"skipped": "Slurm did not requeue it: the job had ended (requeue Incomplete)"}
-            return {"result": "requeued"}
+            return self._requeue(plan.job_id, job)
         if plan.action == "cancel":
             self._slurm.cancel(plan.job_id)
             return {"result": "cancelled"}
@@ -265,6 +277,32 @@ class Actuator:
             return self._finish_shrink(plan.job_id, job, plan.gpus_after, self._pending_wait_s)
         except SlurmCommandError as error:
             return {"open": f"interrupted after requeuehold ({error}); settled on a later tick", "phase": "unknown"}
+
+    def _requeue(self, job_id: str, job: JobInfo) -> dict[str, Any]:
+        """`requeue Incomplete`, judged by the restart count read after it, whatever the command said."""
+        try:
+            self._slurm.requeue(job_id, incomplete_only=True)
+        except SlurmCommandError as error:
+            # A timeout may come after slurmctld acted: the restart count tells.
+            try:
+                after = self._slurm.job(job_id)
+            except SlurmCommandError:
+                return {"open": f"requeue failed ({error}) and the job could not be read; settled by reconcile",
+                        "phase": "unconfirmed"}
+            if after is not None and after.restarts > job.restarts:
+                return {"result": f"requeued (the command reported: {error})"}
+            if after is not None and after.restarts == job.restarts:
+                return {"error": str(error), "acted": False}  # provably not requeued: may be tried again
+            return {"error": str(error)}
+        try:
+            restarted = self._restarted(job_id, job.restarts)
+        except SlurmCommandError as error:
+            # The requeue was sent and may have worked: reconcile decides from the restart count.
+            return {"open": f"requeue sent, the read confirming it failed ({error}); settled by reconcile",
+                    "phase": "unconfirmed"}
+        if not restarted:
+            return {"skipped": "Slurm did not requeue it: the job had ended (requeue Incomplete)"}
+        return {"result": "requeued"}
 
     def _restarted(self, job_id: str, restarts_before: int) -> bool:
         """Did the requeue take? `Incomplete` makes slurmctld skip an ended job silently (exit 0)."""
@@ -293,12 +331,15 @@ class Actuator:
                 problems.append(str(error))
         return {"result": "notified via " + ", ".join(channels), "channel_errors": problems}
 
-    def _finish_shrink(self, job_id: str, before: JobInfo, gpus_after: int, wait_s: float) -> dict[str, Any]:
+    def _finish_shrink(self, job_id: str, before: JobInfo, gpus_after: int, wait_s: float,
+                       restarts_before: int | None = None) -> dict[str, Any]:
         """After `scontrol requeuehold`: wait until held and PENDING, lower the GPU count, release.
 
         Not PENDING within `wait_s` (a slow epilog): the intent stays open ("open") and a later
         tick finishes it. Once held, the job is released whatever the update did; a release
-        that fails also leaves the intent open, so it is retried.
+        that fails also leaves the intent open, so it is retried. `restarts_before` (reconcile,
+        where this process did not see its requeuehold succeed): finish only our own hold, and
+        lower nothing of a job that became exempt meanwhile.
         """
         phase, job = self._wait_held(job_id, wait_s)
         if phase == "waiting":
@@ -306,9 +347,17 @@ class Actuator:
                             "released once it is (checked every tick)", "phase": "waiting_pending"}
         if phase != "held":
             return _unheld(phase, job, gpus_after)
+        assert job is not None
+        why_exempt = None
+        if restarts_before is not None:
+            foreign = _foreign_hold(job, restarts_before)
+            if foreign is not None:
+                return {"error": f"{foreign}: not our requeuehold; left as it is"}
+            why_exempt = exemption(job_facts(job), self.config)
         tried: list[str] = []
         applied: dict[str, str] | None = None
-        for update in shrink_updates(before, gpus_after):
+        # Our hold is released either way; an exempt job keeps its GPU request.
+        for update in [] if why_exempt else shrink_updates(before, gpus_after):
             try:
                 self._slurm.update_job(job_id, **update)
                 applied = update
@@ -320,6 +369,8 @@ class Actuator:
         except SlurmCommandError as error:
             return {"open": f"release failed ({error.stderr.strip()[:200]}); retried every tick",
                     "phase": "release_failed", "update": applied, "tried": tried}
+        if why_exempt:
+            return {"skipped": f"{why_exempt} now: released unchanged"}
         if applied is None:
             return {"error": "no GPU update accepted; released unchanged", "tried": tried}
         return {"result": f"requeued with {gpus_after} GPU(s) and released", "update": applied, "tried": tried}
@@ -367,6 +418,10 @@ class Actuator:
         if job is None:
             return "failed", {"error": "job no longer known to Slurm; outcome unknown, not repeated"}
         restarted = job.restarts > before
+        if row.action in ("requeue", "shrink") and job.restarts == before and job.state == "RUNNING":
+            # Still running, never restarted: the requeue did not happen; the ladder may try again.
+            return "failed", {"error": f"{row.action} did not take (restarts unchanged, job RUNNING); "
+                                       "this attempt is not repeated", "acted": False}
         if row.action == "requeue":
             return _judged(restarted, f"requeue took effect (restarts {before} -> {job.restarts})")
         if row.action == "shrink":
@@ -381,13 +436,19 @@ class Actuator:
         if not restarted:
             return _judged(False, "")
         target = row.gpus_after or 0
+        before = int(row.detail.get("restarts_before", 0))
         phase = hold_phase(job)
+        foreign = _foreign_hold(job, before) if phase in ("held", "waiting") else None
+        if foreign is not None:
+            # Requeued or held by someone else (a node failure, the owner's `scontrol hold`):
+            # releasing it would undo their hold. The intent is closed without touching the job.
+            return "failed", {"error": f"{foreign}: not our requeuehold; left as it is"}
         if phase in ("held", "waiting") and not act:
             return "skipped", {"result": f"dry-run: would finish the shrink of job {row.job_id} "
                                          f"(update to {target} GPU(s), release) once it is PENDING"}
         if phase in ("held", "waiting"):
             # Our requeuehold happened and nothing released it yet: finish, so it is not left held.
-            detail = self._finish_shrink(row.job_id, job, target, 0.0)
+            detail = self._finish_shrink(row.job_id, job, target, 0.0, restarts_before=before)
             return _state_of(detail), {**detail, "completed_after_restart": True}
         if phase == "gone":
             detail = _unheld(phase, job, target)
@@ -409,6 +470,15 @@ def hold_phase(job: JobInfo | None) -> str:
     if job.state in ("RUNNING", "PENDING"):
         return "released"
     return "waiting"
+
+
+def _foreign_hold(job: JobInfo, restarts_before: int) -> str | None:
+    """Why this held (or completing) job is not held by the shrink whose intent says `restarts_before`."""
+    if job.restarts != restarts_before + 1:
+        return f"job restarted {job.restarts - restarts_before} times since the intent"
+    if is_held(job) and not requeue_held(job):
+        return f"job is held for another reason ({job.reason})"
+    return None
 
 
 def _unheld(phase: str, job: JobInfo | None, gpus_after: int) -> dict[str, Any]:

@@ -21,9 +21,9 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -52,6 +52,7 @@ from slurm_aigc.reclaim.jobs import (
 )
 from slurm_aigc.reclaim.ladder import (
     JobFacts,
+    PastAction,
     PlannedAction,
     Wait,
     limit_per_tick,
@@ -340,6 +341,7 @@ class Controller:
         batch = batch_from_rows(metas, rows)
         verdicts = detect(batch, self.config.classes, self.config.defaults, now, self.config.gap_s)
         found = self._guard_memory(now, jobs, metas, gib, with_missing(verdicts, metas, self.config, now))
+        newest = self._trusted_newest(newest, now, lambda: (r.ts for r in rows))
         return self._plan(now, newest, jobs, facts, self._guard_conflicts(now, metas, shards, gib, found))
 
     def tick(self) -> TickReport:
@@ -419,6 +421,8 @@ class Controller:
             return verdicts
         needed = self.config.over_memory_samples
         rows = self._judged_rows(self._store.samples(limits, now - (needed + 2) * self.config.gap_s), jobs, now)
+        # A requeued job keeps its id: its previous run's rows must not judge this run.
+        rows = [r for r in rows if r.ts >= metas[r.job_id].start_ts]
         for window in windows_from_rows({k: metas[k] for k in limits}, rows):
             found = judge_memory(window, limits[window.meta.job_id], needed, now, self.config.gap_s,
                                  allowance_mib=self.config.over_memory_allowance_mib)
@@ -439,8 +443,13 @@ class Controller:
         if not conflicts:
             self._conflicts_seen = set()
             return verdicts
-        rows = self._store.samples({c.job_id for c in conflicts} | {c.other for c in conflicts},
-                                   now - self.config.gap_s)
+        wanted = {c.job_id for c in conflicts} | {c.other for c in conflicts}
+        involved = [j for j in listing if j.job_id in wanted]
+        # Judged like the tick's rows (own nodes only, none dated ahead: a skewed clock's row would
+        # stay the newest reading for as long as the skew), and only rows of each job's current run.
+        rows = self._judged_rows(self._store.samples(wanted, now - self.config.gap_s), involved, now)
+        starts = {j.job_id: started for j in involved if (started := start_ts(j)) is not None}
+        rows = [r for r in rows if r.ts >= starts.get(r.job_id, -math.inf)]
         newest = {(r.job_id, r.node, r.gpu_index): r.memory_used_mib for r in rows}  # sorted by time
         # share=no from the stamp, never the comment: its owner could aim a requeue at a neighbour.
         others = {c.other for c in conflicts}
@@ -477,15 +486,29 @@ class Controller:
         views = []
         for job in jobs:
             mine = facts[job.job_id]
-            plan = plan_job(verdicts[job.job_id], mine, history.get(job.job_id, ()), self.config, now, self.dry_run)
+            past = self._with_not_acted(mine, history.get(job.job_id, []))
+            plan = plan_job(verdicts[job.job_id], mine, past, self.config, now, self.dry_run)
             views.append(JobView(job, mine, verdicts[job.job_id], plan))
         return Assessment(now, newest, stale, tuple(views))
+
+    def _with_not_acted(self, facts: JobFacts, past: list[PastAction]) -> list[PastAction]:
+        """`past` with the failures of this run that provably did nothing (`acted: false` in their
+        detail) marked, so that the ladder may try that step again. The history carries no detail:
+        it is read, with the job's audit rows, only for a job with a failed row in this run (rare)."""
+        run = f"{facts.job_id}/r{facts.restarts}/"
+        if not any(a.state == "failed" and a.observation_key.removeprefix("dry:").startswith(run) for a in past):
+            return past
+        unacted = {r.observation_key for r in self._store.audit(job_id=facts.job_id)
+                   if r.state == "failed" and r.detail.get("acted") is False}
+        return [replace(a, not_acted=a.observation_key in unacted) for a in past]
 
     def _incremental(self) -> Assessment:
         """Judge every running GPU job, reading only samples newer than the last tick's."""
         now, jobs, newest = self._snapshot()
         shards, gib = self._shard_maps(jobs)
         facts = self._derived.facts(jobs, shards)
+        # Jobs seen sharing a GPU are kept while they run only: the set must not grow forever.
+        self._shared_jobs &= facts.keys()
         metas = self._derived.metas(jobs, facts, now, self._shared_jobs)
         self._tracker.prune(metas, now - self.config.lookback_s())
         known = self._tracker.jobs()
@@ -505,7 +528,20 @@ class Controller:
         tracked = {job_id: meta for known in [self._tracker.jobs()] for job_id, meta in metas.items() if job_id in known}
         verdicts = self._tracker.verdicts(tracked, self.config, now)
         found = self._guard_memory(now, jobs, metas, gib, with_missing(verdicts, metas, self.config, now))
+        newest = self._trusted_newest(newest, now, lambda: self._tracker.last_ts().values())
         return self._plan(now, newest, jobs, facts, self._guard_conflicts(now, metas, shards, gib, found))
+
+    def _trusted_newest(self, newest: float | None, now: float, judged: Callable[[], Iterable[float]]) -> float | None:
+        """The newest sample time the stale guard may trust.
+
+        The store's newest row of any job is used unless it is dated ahead of now + gap_s (a
+        node's clock ahead): one such row would keep the guard off for as long as the skew.
+        Then the newest of the rows judged this tick (rows dated ahead already dropped) stands
+        in: the running jobs' own samples (`judged`, called only then: a dict of every series).
+        """
+        if newest is None or newest <= now + self.config.gap_s:
+            return newest
+        return max(judged(), default=None)
 
     def _judged_rows(self, rows: Sequence[SampleRow], jobs: Sequence[JobInfo], now: float) -> list[SampleRow]:
         """`rows_to_judge` against the jobs' node lists; logged once per node and reason (a few

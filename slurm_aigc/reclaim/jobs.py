@@ -108,6 +108,20 @@ def is_held(job: JobInfo) -> bool:
     return job.state == "PENDING" and ("held" in job.reason.lower() or job.fields.get("Priority") == "0")
 
 
+def requeue_held(job: JobInfo) -> bool:
+    """Held the way `scontrol requeuehold` holds a job, not by an `scontrol hold` of its owner.
+
+    slurmctld (job_mgr.c, JOB_REQUEUE_HOLD) sets the description `job requeued in held state`
+    (shown as `job_requeued_in_held_state` by 22.05), with reason JobHeldAdmin (22.05) or
+    JobHeldUser (later). Without a description, only JobHeldAdmin is taken for it (what a
+    requeuehold by root shows when the description is not reported): a user's `scontrol hold`
+    (JobHeldUser) or a launch failure's hold (`launch failed requeued held`) is someone else's.
+    """
+    if not is_held(job):
+        return False
+    return job.reason.replace("_", " ").lower() == "job requeued in held state" or job.reason == "JobHeldAdmin"
+
+
 def declared_signal(job: JobInfo) -> str:
     """The signal the job declared it handles, `B:USR1` (batch shell) or `USR1` (steps); "" when none.
 

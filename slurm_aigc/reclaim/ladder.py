@@ -3,10 +3,15 @@
 A planned action is a value (`PlannedAction`); `Wait` says why nothing happens now and,
 when known, what comes next. The actuator applies plans; nothing here touches Slurm.
 
-Each step of a class's ladder for a verdict runs at most once per run of the job: the
-observation key is `<job>/r<restarts>/<verdict>/<step>:<action>` (prefixed `dry:` in
-dry-run), unique in the `actions` table. After a requeue the job's restart count grows
-and its ladder starts again; `max_actions_per_job` bounds the total.
+Each step of a class's ladder for a verdict runs at most once per waste episode of a run of
+the job: the observation key is `<job>/r<restarts>/<verdict>/<step>:<action>` (prefixed `dry:`
+in dry-run), unique in the `actions` table. A step escalates past the previous one only when
+that one was recorded within the current episode (at or after the verdict's `since_ts`); a
+later episode of the same run starts the ladder again with a fresh notify under
+`<job>/r<restarts>/<verdict>@<episode start>/...`. A step that failed without anything
+happening in Slurm (`PastAction.not_acted`) is tried again after the cool-down under
+`...:<action>#<attempt>`, at most MAX_ATTEMPTS times. After a requeue the job's restart count
+grows and its ladder starts again; `max_actions_per_job` bounds the total, retries included.
 """
 
 from __future__ import annotations
@@ -17,9 +22,15 @@ from dataclasses import dataclass
 from slurm_aigc.reclaim.config import ReclaimConfig
 from slurm_aigc.reclaim.detect import Verdict
 from slurm_aigc.reclaim.gpuconflict import GPU_CONFLICT
+from slurm_aigc.reclaim.memguard import OVER_MEMORY
 from slurm_aigc.tags import UNKNOWN_CLASS, trusted_class, trusted_opt_out, trusted_tags
 
 ADMIN_COMMENT_TAG = "aigc-reclaim:"
+# Tries of one ladder step whose failures provably changed nothing (a transient slurmctld error).
+MAX_ATTEMPTS = 3
+# Their `since_ts` is no episode start: the memory guard's follows its short read window, a
+# conflict's is now. Their ladders stay once per run, as before.
+_NO_EPISODES = frozenset({OVER_MEMORY, GPU_CONFLICT})
 # What planning trusts about a job comes from the hook's stamp at the start of its AdminComment
 # (`aigc_class=X aigc_reclaim=no aigc_signal=B.USR1`, slurm_aigc.tags), never from its comment.
 
@@ -62,6 +73,9 @@ class PastAction:
     dry_run: bool
     ts_intent: float
     ts_outcome: float | None
+    # A `failed` row whose action provably did not happen in Slurm (its detail says `acted: false`):
+    # the step may be tried again. The store leaves it False; the controller sets it from the detail.
+    not_acted: bool = False
 
 
 @dataclass(frozen=True)
@@ -111,9 +125,19 @@ def opted_out(admin_comment: str) -> bool:
     return trusted_opt_out(admin_comment)
 
 
-def observation_key(job_id: str, restarts: int, verdict: str, step: int, action: str, dry_run: bool) -> str:
-    key = f"{job_id}/r{restarts}/{verdict}/{step}:{action}"
+def observation_key(job_id: str, restarts: int, verdict: str, step: int, action: str, dry_run: bool,
+                    episode: str = "", attempt: int = 1) -> str:
+    """`episode`: "" for the run's first episode of this verdict, else `@<start>`; attempt 2+ adds `#<n>`."""
+    key = f"{job_id}/r{restarts}/{verdict}{episode}/{step}:{action}"
+    if attempt > 1:
+        key += f"#{attempt}"
     return f"dry:{key}" if dry_run else key
+
+
+def _verdict_part(key: str) -> str:
+    """`idle@1700000000` of `dry:7/r0/idle@1700000000/0:notify`."""
+    parts = key.removeprefix("dry:").split("/")
+    return parts[2] if len(parts) > 3 else ""
 
 
 def exemption(facts: JobFacts, config: ReclaimConfig) -> str | None:
@@ -182,7 +206,9 @@ def plan_job(
     if why_exempt:
         return Wait(facts.job_id, why_exempt)
     mine = [a for a in history if a.job_id == facts.job_id and a.dry_run == dry]
-    if any(a.state == "intent" for a in mine):
+    # Only a live intent waits for reconcile: a dry-run one a killed controller left open is never
+    # reconciled (nothing was done) and would stop the job's dry-run ladder for good.
+    if any(a.state == "intent" and not a.dry_run for a in mine):
         return Wait(facts.job_id, "an earlier action has no outcome yet (reconcile first)")
     if len(mine) >= config.max_actions_per_job:
         return Wait(facts.job_id, f"per-job cap of {config.max_actions_per_job} actions reached")
@@ -190,21 +216,45 @@ def plan_job(
     passed = "".join(f"; skipped {why}" for why in skipped)
     if step is None:
         return Wait(facts.job_id, f"{verdict.kind}: ladder finished for this run of the job{passed}")
-    index, action = step
+    index, action, key = step
     # The cool-down gives a user time between our steps; a GPU conflict harms its other job now.
     ready_at = None if verdict.kind == GPU_CONFLICT else _cooldown_end(facts, mine, config)
     if ready_at is not None and now_ts < ready_at:
         return Wait(facts.job_id, f"cool-down after the previous step ({ready_at - now_ts:.0f}s left){passed}",
                     action, ready_at)
-    return _planned(verdict, facts, index, action, dry, config, now_ts, skipped)
+    return _planned(verdict, facts, index, action, key, config, now_ts, skipped)
+
+
+def _episode(verdict: Verdict, facts: JobFacts, mine: Iterable[PastAction]) -> tuple[str, list[PastAction]]:
+    """This verdict's ladder in the current waste episode of this run: its key part and its rows.
+
+    A warning belongs to the episode it was given in: a job warned, busy for hours, then idle
+    again is warned again rather than requeued on the strength of the old warning. The first
+    episode keeps the plain key; a later one is keyed by its start, so that a restarted
+    controller judging the same episode (same `since_ts`) finds the same keys.
+    """
+    assert verdict.kind is not None
+    run = f"{facts.job_id}/r{facts.restarts}/"
+    ours = [a for a in mine if a.observation_key.removeprefix("dry:").startswith(run)
+            and _verdict_part(a.observation_key).split("@")[0] == verdict.kind]
+    start = None if verdict.kind in _NO_EPISODES else verdict.since_ts
+    current = ours if start is None else [a for a in ours if a.ts_intent >= start]
+    if current:
+        latest = max(current, key=lambda a: a.ts_intent)
+        return _verdict_part(latest.observation_key).removeprefix(verdict.kind), current
+    if ours:
+        assert start is not None
+        return f"@{start:.0f}", []
+    return "", []
 
 
 def _next_step(
     verdict: Verdict, facts: JobFacts, mine: Iterable[PastAction], config: ReclaimConfig, dry: bool
-) -> tuple[tuple[int, str] | None, tuple[str, ...]]:
-    """The first step not yet taken, and the reasons of the signal steps passed over on the way."""
+) -> tuple[tuple[int, str, str] | None, tuple[str, ...]]:
+    """The first step not yet taken in this episode (index, action, key), and the reasons of
+    the signal steps passed over on the way."""
     assert verdict.kind is not None
-    taken = {a.observation_key for a in mine}
+    episode, rows = _episode(verdict, facts, mine)
     ladder = config.policy_for(facts.job_class).ladder.get(verdict.kind, ())
     skipped: list[str] = []
     for index, action in enumerate(ladder):
@@ -213,8 +263,14 @@ def _next_step(
             if action == "signal":  # the others are structural (never applicable to this job)
                 skipped.append(f"{action}: {why_not}")
             continue
-        if observation_key(facts.job_id, facts.restarts, verdict.kind, index, action, dry) not in taken:
-            return (index, action), tuple(skipped)
+        key = observation_key(facts.job_id, facts.restarts, verdict.kind, index, action, dry, episode)
+        tries = [a for a in rows if a.observation_key == key or a.observation_key.startswith(key + "#")]
+        # A try that may have acted (done, skipped, failed with an unknown outcome) takes the step;
+        # tries that provably changed nothing leave it to be tried again, a bounded number of times.
+        if not tries or (len(tries) < MAX_ATTEMPTS and all(a.state == "failed" and a.not_acted for a in tries)):
+            attempt = len(tries) + 1
+            return (index, action, observation_key(facts.job_id, facts.restarts, verdict.kind, index, action, dry,
+                                                   episode, attempt)), tuple(skipped)
     return None, tuple(skipped)
 
 
@@ -224,7 +280,7 @@ def _cooldown_end(facts: JobFacts, mine: Iterable[PastAction], config: ReclaimCo
     return max(this_run) + config.cooldown_s if this_run else None
 
 
-def _planned(verdict: Verdict, facts: JobFacts, index: int, action: str, dry: bool, config: ReclaimConfig,
+def _planned(verdict: Verdict, facts: JobFacts, index: int, action: str, key: str, config: ReclaimConfig,
              now_ts: float, skipped: tuple[str, ...] = ()) -> PlannedAction:
     assert verdict.kind is not None
     gpus_after = {"shrink": verdict.gpus_used or facts.gpus, "requeue": 0, "cancel": 0}.get(action, facts.gpus)
@@ -235,7 +291,7 @@ def _planned(verdict: Verdict, facts: JobFacts, index: int, action: str, dry: bo
     wasted = verdict.kind != GPU_CONFLICT
     recovered = freed * remaining_s / 3600.0 if wasted and freed and remaining_s is not None else None
     return PlannedAction(
-        observation_key=observation_key(facts.job_id, facts.restarts, verdict.kind, index, action, dry),
+        observation_key=key,
         job_id=facts.job_id,
         user=facts.user,
         account=facts.account,
@@ -243,7 +299,7 @@ def _planned(verdict: Verdict, facts: JobFacts, index: int, action: str, dry: bo
         verdict=verdict.kind,
         action=action,
         step=index,
-        dry_run=dry,
+        dry_run=key.startswith("dry:"),
         restarts_before=facts.restarts,
         gpus_before=facts.gpus,
         gpus_after=gpus_after,

@@ -401,3 +401,88 @@ def test_a_batch_rechecks_from_one_listing_while_it_is_fresh_on_22_05_and_reads_
         assert reads == [["squeue", "--json"]] * 2
     else:
         assert reads == [["scontrol", "-d", "--json", "show", "job", j] for j in ("7", "8", "9")]
+
+
+def crashed_shrink_intent(store: ReclaimStore) -> FakeSlurm:
+    """A shrink intent recorded, then the controller killed before its `requeuehold`."""
+    fake, _, clock, _ = setup(store)
+
+    def crash(_: PlannedAction) -> None:
+        raise ActuatorCrash("killed before requeuehold")
+
+    with pytest.raises(ActuatorCrash):
+        Actuator(SlurmCli(runner=fake), store, CONFIG, clock=clock, after_intent=crash).apply(
+            plan("shrink", gpus_after=1), show(fake))
+    assert fake.mutations() == []
+    return fake
+
+
+@pytest.mark.parametrize(("restarts", "reason"), [(1, "JobHeldUser"), (2, "job_requeued_in_held_state"),
+                                                   (1, "launch failed requeued held")])
+def test_reconcile_leaves_a_hold_it_did_not_place_alone(store: ReclaimStore, restarts: int, reason: str) -> None:
+    """Requeued by a node failure and held by its owner (or requeued twice, or held after a failed
+    launch) while the controller was down: not our requeuehold, so not released or shrunk."""
+    fake = crashed_shrink_intent(store)
+    job = fake.jobs["7"]
+    job.restarts, job.state, job.reason, job.priority = restarts, "PENDING", reason, 0
+    [result] = Actuator(SlurmCli(runner=fake), store, CONFIG, clock=Clock()).reconcile()
+    assert result.state == "failed" and "not our requeuehold" in result.detail["error"]
+    assert fake.mutations() == [] and (job.gpus, job.priority) == (4, 0)
+
+
+def test_reconcile_finishes_its_own_requeuehold_as_slurm_shows_it(store: ReclaimStore) -> None:
+    fake = crashed_shrink_intent(store)
+    job = fake.jobs["7"]  # requeuehold ran, then the crash: slurmctld's description of that hold
+    job.restarts, job.state, job.reason, job.priority = 1, "PENDING", "job_requeued_in_held_state", 0
+    [result] = Actuator(SlurmCli(runner=fake), store, CONFIG, clock=Clock()).reconcile()
+    assert result.state == "done" and (job.gpus, job.priority) == (1, 100)
+
+
+def test_reconcile_releases_its_hold_on_a_job_exempt_since_without_lowering_its_gpus(store: ReclaimStore) -> None:
+    fake = crashed_shrink_intent(store)
+    job = fake.jobs["7"]
+    job.restarts, job.state, job.reason, job.priority = 1, "PENDING", "JobHeldAdmin", 0
+    job.admin_comment = "aigc_class=train aigc_reclaim=no"  # opted out meanwhile
+    [result] = Actuator(SlurmCli(runner=fake), store, CONFIG, clock=Clock()).reconcile()
+    assert result.state == "skipped" and "opted out" in result.detail["skipped"]
+    assert [c[1] for c in fake.mutations()] == ["release"] and (job.gpus, job.priority) == (4, 100)
+
+
+def test_a_requeue_whose_confirming_read_fails_stays_open_and_reconcile_records_it_done(store: ReclaimStore) -> None:
+    fake, _, clock, _ = setup(store)
+    requeued = {"yes": False}
+
+    def runner(argv: object, timeout_s: float, stdin: str | None = None) -> CommandResult:
+        args = list(argv)  # type: ignore[call-overload]
+        if requeued["yes"] and args[0] == "squeue":
+            return CommandResult(tuple(args), 1, "", "squeue: error: Socket timed out on send/recv operation")
+        result = fake(args, timeout_s, stdin)
+        requeued["yes"] = requeued["yes"] or args[:2] == ["scontrol", "requeue"]
+        return result
+
+    actuator = Actuator(SlurmCli(runner=runner), store, CONFIG, clock=clock)
+    result = actuator.apply(plan("requeue"), show(fake))
+    assert result.state == "intent" and fake.jobs["7"].restarts == 1
+    assert store.audit()[0].state == "intent"
+    [settled] = Actuator(SlurmCli(runner=fake), store, CONFIG, clock=clock).reconcile()
+    assert settled.state == "done" and store.audit()[0].state == "done"
+
+
+def test_failures_that_provably_did_nothing_say_so_for_the_ladder(store: ReclaimStore) -> None:
+    fake, actuator, _, _ = setup(store)
+    fake.fail["scontrol requeue"] = "slurm_requeue error: Socket timed out on send/recv operation"
+    assert actuator.apply(plan("requeue"), show(fake)).detail["acted"] is False  # restarts unchanged after it
+    decided_on = show(fake)
+    fake.fail["squeue"] = "squeue: error: Socket timed out on send/recv operation"  # the re-read before acting
+    assert actuator.apply(plan("requeue", step=2), decided_on).detail["acted"] is False
+    del fake.fail["squeue"]
+    fake.fail["scontrol update"] = "slurm_update error: Socket timed out"  # a notify may have been written
+    assert "acted" not in actuator.apply(plan("notify", step=0), show(fake)).detail
+    assert [r.detail.get("acted") for r in store.audit()] == [False, False, None]
+
+
+def test_reconcile_of_a_requeue_that_did_not_take_says_nothing_happened(store: ReclaimStore) -> None:
+    fake, actuator, _, _ = setup(store)
+    store.record_intent(plan("requeue"), {"restarts_before": 0}, 900.0)  # killed before the command
+    [result] = actuator.reconcile()  # still RUNNING, restarts unchanged: provably not requeued
+    assert result.state == "failed" and result.detail["acted"] is False and fake.mutations() == []

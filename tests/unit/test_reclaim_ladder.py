@@ -111,10 +111,11 @@ def test_policy_may_deny_the_opt_out() -> None:
 def test_shrink_to_used_gpus_single_node_only() -> None:
     notify = plan_job(verdict("over_allocated", used=1), FACTS, (), CONFIG, NOW)
     assert isinstance(notify, PlannedAction)
-    shrink = plan_job(verdict("over_allocated", used=1), FACTS, [done(notify, NOW - 100)], CONFIG, NOW)
+    # Notified within this episode (the verdict's stretch began at NOW - 60), a cool-down ago.
+    shrink = plan_job(verdict("over_allocated", used=1), FACTS, [done(notify, NOW - 60)], CONFIG, NOW)
     assert isinstance(shrink, PlannedAction)
     assert (shrink.action, shrink.gpus_before, shrink.gpus_after) == ("shrink", 4, 1)
-    multi = plan_job(verdict("over_allocated", used=1), replace(FACTS, num_nodes=2), [done(notify, NOW - 100)], CONFIG, NOW)
+    multi = plan_job(verdict("over_allocated", used=1), replace(FACTS, num_nodes=2), [done(notify, NOW - 60)], CONFIG, NOW)
     assert isinstance(multi, Wait)
 
 
@@ -194,3 +195,47 @@ def test_the_signal_declaration_is_read_from_the_leading_stamp_only() -> None:
     assert step("aigc_class=train; aigc_signal=B.USR1") == "requeue"  # after the stamp: a note, not a stamp
     assert step("site text aigc_class=train aigc_signal=B.USR1") == "requeue"
     assert step("aigc_class=train", comment="aigc:signal=B.USR1 aigc_signal=B.USR1") == "requeue"  # the owner's comment
+
+
+def test_a_warning_from_an_earlier_episode_does_not_arm_the_next_step() -> None:
+    """Warned, busy for hours, idle again: warned again (a fresh key), not requeued at once."""
+    old = PastAction("7/r0/idle/0:notify", "7", "idle", "notify", "done", False, NOW - 8 * 3600, NOW - 8 * 3600)
+    fresh = plan_job(verdict("idle"), FACTS, [old], CONFIG, NOW)  # this episode began at NOW - 60
+    assert isinstance(fresh, PlannedAction)
+    assert (fresh.action, fresh.observation_key) == ("notify", f"7/r0/idle@{NOW - 60:.0f}/0:notify")
+    # The same episode judged again (a restarted controller: same since_ts) plans the same key.
+    again = plan_job(verdict("idle"), FACTS, [old], CONFIG, NOW + 5)
+    assert isinstance(again, PlannedAction) and again.observation_key == fresh.observation_key
+    history = [old, done(fresh, NOW)]
+    requeue = plan_job(verdict("idle"), FACTS, history, CONFIG, NOW + 60)
+    assert isinstance(requeue, PlannedAction)
+    assert (requeue.action, requeue.observation_key) == ("requeue", f"7/r0/idle@{NOW - 60:.0f}/1:requeue")
+    # The per-job cap still counts every episode's rows.
+    capped = plan_job(verdict("idle"), FACTS, history, replace(CONFIG, max_actions_per_job=2), NOW + 60)
+    assert isinstance(capped, Wait) and "per-job cap of 2" in capped.reason
+
+
+def test_a_step_that_provably_did_nothing_is_retried_after_the_cooldown_a_bounded_number_of_times() -> None:
+    notify = PastAction("7/r0/idle/0:notify", "7", "idle", "notify", "done", False, NOW - 60, NOW - 60)
+    history = [notify]
+    config = replace(CONFIG, max_actions_per_job=10)
+    for attempt, suffix in [(1, ""), (2, "#2"), (3, "#3")]:
+        ts = NOW + 100.0 * attempt
+        plan = plan_job(verdict("idle"), FACTS, history, config, ts)
+        assert isinstance(plan, PlannedAction) and plan.observation_key == f"7/r0/idle/1:requeue{suffix}", attempt
+        history.append(PastAction(plan.observation_key, "7", "idle", "requeue", "failed", False, ts, ts, not_acted=True))
+        waiting = plan_job(verdict("idle"), FACTS, history, config, ts + 59)
+        assert isinstance(waiting, Wait)
+        assert ("cool-down" if attempt < 3 else "ladder finished") in waiting.reason
+    finished = plan_job(verdict("idle"), FACTS, history, config, NOW + 1000)
+    assert isinstance(finished, Wait) and "ladder finished" in finished.reason
+    # A failure whose outcome is unknown (the command may have acted) takes the step, as before.
+    unknown = PastAction("7/r0/idle/1:requeue", "7", "idle", "requeue", "failed", False, NOW, NOW)
+    after = plan_job(verdict("idle"), FACTS, [notify, unknown], config, NOW + 1000)
+    assert isinstance(after, Wait) and "ladder finished" in after.reason
+
+
+def test_a_dry_run_intent_left_open_does_not_stop_the_dry_run_ladder() -> None:
+    dry_intent = PastAction("dry:7/r0/idle/0:notify", "7", "idle", "notify", "intent", True, NOW - 60, None)
+    plan = plan_job(verdict("idle"), FACTS, [dry_intent], CONFIG, NOW, dry_run=True)
+    assert isinstance(plan, PlannedAction) and plan.observation_key == "dry:7/r0/idle/1:requeue"
