@@ -58,6 +58,7 @@ _ALLOWED_ACTIONS = {
 # they handle it; CONT/URG/WINCH are ignored by default. Every other signal's default action
 # ends (or stops) the job: a disguised `cancel` (issue 12.6).
 _NON_TERMINATING_SIGNALS = frozenset(SIGNAL_NAMES)  # also what a job may declare (aigc:signal=)
+_WEIGHT_COLUMN_MAX = 2**31 - 1  # the largest value of the database's Integer column
 _CLASS_KEYS = {f.name for f in fields(ClassPolicy)}
 _RECLAIM_KEYS = {f.name for f in fields(ReclaimConfig)} - {"shards_per_gpu", "gib_per_shard"}
 
@@ -223,7 +224,12 @@ def scoring_section(node: Node, hook_listing: str | None = None) -> ScoringConfi
     node = Node(node.source, node.path, node.value or {})
     base = ScoringConfig()
     weight_min = integer(node, "weight_min", base.weight_min)
+    # Published weights are stored in Integer columns (node_publications.weight_*): 32-bit signed
+    # on MariaDB and PostgreSQL, which refused a larger weight at every publication.
     weight_max = integer(node, "weight_max", base.weight_max)
+    if weight_max > _WEIGHT_COLUMN_MAX:
+        raise node.child("weight_max").error(
+            f"at most {_WEIGHT_COLUMN_MAX} (published weights are stored as 32-bit integers), got {weight_max}")
     if not 0 <= weight_min < weight_max:
         raise node.error(f"need 0 <= weight_min < weight_max, got {weight_min} and {weight_max}")
     return ScoringConfig(

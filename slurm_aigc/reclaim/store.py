@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import String, func, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from slurm_aigc.db import ActionRecord, JobGpuSample, transaction
@@ -65,6 +65,20 @@ class SampleRow(NamedTuple):
     shared: bool
 
 
+def _column_length(column: Any) -> int:
+    kind = column.type
+    assert isinstance(kind, String) and kind.length is not None, column
+    return kind.length
+
+
+# Slurm allows longer user and account names than the audit's columns hold, and MariaDB and
+# PostgreSQL refuse an overlong value: the intent (so the action) of every such job failed at every
+# tick. The audit keeps a prefix; the full names stay in Slurm. The loader holds the policy's class
+# names to the job_class column; clipped too for jobs a policy from before that check stamped.
+_USER_LENGTH = _column_length(ActionRecord.__table__.c.user)
+_ACCOUNT_LENGTH = _column_length(ActionRecord.__table__.c.account)
+_CLASS_LENGTH = _column_length(ActionRecord.__table__.c.job_class)
+
 # In SampleRow's field order, so that a result row converts positionally.
 _SAMPLE_COLUMNS = tuple(getattr(JobGpuSample, name) for name in SampleRow._fields)
 
@@ -81,8 +95,9 @@ class ReclaimStore:
             if session.scalar(select(ActionRecord.id).where(ActionRecord.observation_key == plan.observation_key)):
                 return None
             row = ActionRecord(
-                observation_key=plan.observation_key, ts_intent=now_ts, job_id=plan.job_id, user=plan.user,
-                account=plan.account, job_class=plan.job_class, verdict=plan.verdict, action=plan.action,
+                observation_key=plan.observation_key, ts_intent=now_ts, job_id=plan.job_id,
+                user=_clipped(plan.user, _USER_LENGTH), account=_clipped(plan.account, _ACCOUNT_LENGTH),
+                job_class=_clipped(plan.job_class, _CLASS_LENGTH), verdict=plan.verdict, action=plan.action,
                 step=plan.step, dry_run=plan.dry_run, state="intent", detail=json.dumps(dict(detail), sort_keys=True),
                 gpus_before=plan.gpus_before, gpus_after=plan.gpus_after, gpu_hours_recovered=plan.gpu_hours_recovered,
             )
@@ -195,6 +210,10 @@ class ReclaimStore:
 def _chunks(values: Sequence[T]) -> Iterable[Sequence[T]]:
     for start in range(0, len(values), _IN_CHUNK):
         yield values[start:start + _IN_CHUNK]
+
+
+def _clipped(value: str | None, length: int) -> str | None:
+    return None if value is None else value[:length]
 
 
 def _load_detail(text: str | None) -> dict[str, Any]:

@@ -55,6 +55,8 @@ DEFAULT_BUDGET_S = 5.0
 # predates retention is kept, while one sample from a year-2000 clock costs no 230,000 hours.
 FIRST_RUN_LOOKBACK_S = 7 * 24 * BUCKET_S
 LOG = logging.getLogger(__name__)
+# Keys per `IN (...)`: SQLite before 3.32 (EL8's) allows 999 bound parameters a statement.
+_IN_LIST_MAX = 900
 _Pruned = type[JobGpuSample] | type[GpuSample] | type[ProcessSample] | type[NodePublication]
 # Rows read past an hour's end: each series' last sample in the hour needs its successor for its
 # duration (`slices`), which counts gaps up to GAP_FACTOR poll intervals (here polls up to 200 s).
@@ -278,9 +280,15 @@ class Retention:
         while True:
             with transaction(self._factory) as session:
                 ids = list(session.scalars(select(model.id).where(condition).order_by(model.ts).limit(self._batch)))
-                if ids:
-                    session.execute(delete(model).where(model.id.in_(ids)))
-            deleted += len(ids)
+                # The table's highest id stays: without AUTOINCREMENT, SQLite gives an emptied table's
+                # next row id 1, and the controller, which reads the samples after the highest id it
+                # has seen, would miss every new one. Left out here rather than in the query, whose
+                # plan (the ts index, no sort) stays as it was.
+                newest = session.scalar(select(func.max(model.id)))
+                doomed = [row_id for row_id in ids if row_id != newest]
+                for start in range(0, len(doomed), _IN_LIST_MAX):
+                    session.execute(delete(model).where(model.id.in_(doomed[start:start + _IN_LIST_MAX])))
+            deleted += len(doomed)
             if len(ids) < self._batch:
                 return deleted, True
             if self._monotonic() >= deadline:
@@ -338,11 +346,15 @@ def _replace(session: Session, bucket: float, rows: list[JobGpuRollup]) -> None:
     if not rows:
         return
     keys = {(row.job_id, row.node, row.gpu_index) for row in rows}
-    old = session.execute(select(JobGpuRollup.id, JobGpuRollup.job_id, JobGpuRollup.node, JobGpuRollup.gpu_index)
-                          .where(JobGpuRollup.bucket_ts == bucket, JobGpuRollup.job_id.in_(sorted({k[0] for k in keys}))))
-    ids = [row_id for row_id, *key in old if tuple(key) in keys]
-    if ids:
-        session.execute(delete(JobGpuRollup).where(JobGpuRollup.id.in_(ids)))
+    job_ids = sorted({k[0] for k in keys})
+    ids: list[int] = []
+    for start in range(0, len(job_ids), _IN_LIST_MAX):  # a chunk may hold thousands of jobs' series
+        old = session.execute(select(JobGpuRollup.id, JobGpuRollup.job_id, JobGpuRollup.node, JobGpuRollup.gpu_index)
+                              .where(JobGpuRollup.bucket_ts == bucket,
+                                     JobGpuRollup.job_id.in_(job_ids[start:start + _IN_LIST_MAX])))
+        ids.extend(row_id for row_id, *key in old if tuple(key) in keys)
+    for start in range(0, len(ids), _IN_LIST_MAX):
+        session.execute(delete(JobGpuRollup).where(JobGpuRollup.id.in_(ids[start:start + _IN_LIST_MAX])))
     session.add_all(rows)
 
 

@@ -15,11 +15,15 @@ from typing import Any
 from sqlalchemy import Row, Select, literal_column, select, union_all
 from sqlalchemy.orm import Session, sessionmaker
 
-from slurm_aigc.db import ActionRecord, JobGpuRollup, JobGpuSample
+from slurm_aigc.db import ActionRecord, JobGpuRollup, JobGpuSample, transaction
 from slurm_aigc.report.records import DEFAULT_INTERVAL_S, ActionEvent, SampleSlice, slices
 from slurm_aigc.report.retention import BUCKET_S, rolled_until, rollup_slices
 
 _BATCH = 5000
+# Job ids per query of `job_slices` (a longer list takes several): the query binds each twice
+# (rollups and raw rows), and SQLite before 3.32 (EL8's) takes 999 parameters a statement,
+# PostgreSQL 65,535 (`replay --from-sacct` of a busy month asks for 100,000 jobs).
+JOB_IDS_PER_QUERY = 400
 # Which table a row of the one query comes from; rollups sort first, as their hours are older.
 _ROLLUP, _RAW = 0, 1
 
@@ -27,9 +31,11 @@ _ROLLUP, _RAW = 0, 1
 class SampleStore:
     """Reads `job_gpu_samples` and `actions` through the database boundary."""
 
-    def __init__(self, factory: sessionmaker[Session], default_interval_s: float = DEFAULT_INTERVAL_S) -> None:
+    def __init__(self, factory: sessionmaker[Session], default_interval_s: float = DEFAULT_INTERVAL_S, *,
+                 ids_per_query: int = JOB_IDS_PER_QUERY) -> None:
         self._factory = factory
         self._interval_s = default_interval_s
+        self._ids_per_query = ids_per_query
 
     def job_slices(self, since_ts: float, until_ts: float, job_ids: Sequence[str] = ()) -> Iterator[SampleSlice]:
         """Every sample in [since, until), one job at a time, one GPU series at a time (memory: one series).
@@ -41,27 +47,36 @@ class SampleStore:
         its raw rows): the report caps a job's hours once the stream has passed the job, and the
         last rollup's slice can reach past the mark into the hour the raw rows start, which must
         be capped as one.
+
+        Many job ids are read `ids_per_query` at a time (each job in one query, so its slices
+        still come together), in the one snapshot. A database error is a DatabaseError.
         """
-        with self._factory() as session:
+        keys = sorted(set(job_ids))
+        batches = [keys[start:start + self._ids_per_query] for start in range(0, len(keys), self._ids_per_query)]
+        # The session's own errors were raw SQLAlchemy errors, which callers (`replay --from-sacct`)
+        # that handle DatabaseError let escape.
+        with transaction(self._factory) as session:
             _one_snapshot(session)
             mark = rolled_until(session)
             rolled_to = since_ts if mark is None else min(max(since_ts, mark), until_ts)
-            parts: list[Select[*tuple[Any, ...]]] = []
-            if rolled_to > since_ts:
-                parts.append(_rollup_rows(since_ts, rolled_to, job_ids))
-            if until_ts > rolled_to:
-                parts.append(_raw_rows(rolled_to, until_ts, job_ids))
-            if not parts:
-                return
-            both = union_all(*parts).subquery()
-            query = select(both).order_by(both.c.job_id, both.c.part, both.c.node, both.c.gpu_index, both.c.ts)
-            rows = session.execute(query.execution_options(yield_per=_BATCH))
-            for (_, part, _, _), series in groupby(rows, key=lambda row: (row[1], row[0], row[2], row[3])):
-                if part == _ROLLUP:
-                    for row in series:
-                        yield from (_clipped(piece, row[4], since_ts, rolled_to) for piece in rollup_slices(_rollup(row)))
-                else:
-                    yield from slices([tuple(row[1:10]) for row in series], self._interval_s)
+            for batch in batches or [[]]:  # no ids: every job, in one query
+                parts: list[Select[*tuple[Any, ...]]] = []
+                if rolled_to > since_ts:
+                    parts.append(_rollup_rows(since_ts, rolled_to, batch))
+                if until_ts > rolled_to:
+                    parts.append(_raw_rows(rolled_to, until_ts, batch))
+                if not parts:
+                    return
+                both = union_all(*parts).subquery()
+                query = select(both).order_by(both.c.job_id, both.c.part, both.c.node, both.c.gpu_index, both.c.ts)
+                rows = session.execute(query.execution_options(yield_per=_BATCH))
+                for (_, part, _, _), series in groupby(rows, key=lambda row: (row[1], row[0], row[2], row[3])):
+                    if part == _ROLLUP:
+                        for row in series:
+                            yield from (_clipped(piece, row[4], since_ts, rolled_to)
+                                        for piece in rollup_slices(_rollup(row)))
+                    else:
+                        yield from slices([tuple(row[1:10]) for row in series], self._interval_s)
 
     def actions(self, since_ts: float, until_ts: float, job_ids: Sequence[str] = ()) -> list[ActionEvent]:
         """Audit rows whose intent falls in [since, until) (or of the given jobs, any time)."""
@@ -70,7 +85,7 @@ class SampleStore:
             query = query.where(ActionRecord.job_id.in_(list(job_ids)))
         else:
             query = query.where(ActionRecord.ts_intent >= since_ts, ActionRecord.ts_intent < until_ts)
-        with self._factory() as session:
+        with transaction(self._factory) as session:  # errors as DatabaseError, as `job_slices`
             return [_event(row) for row in session.scalars(query.order_by(ActionRecord.ts_intent))]
 
 

@@ -38,7 +38,7 @@ from typing import Any
 from slurm_aigc.fsio import atomic_write_bytes
 from slurm_aigc.policy.model import BASE_CLASSES, LearnedConfig
 from slurm_aigc.report.sacct import JobRecord, SacctQuery, SacctRunner, parse_sacct_output, sacct_args, windows
-from slurm_aigc.report.samples import SampleStore
+from slurm_aigc.report.samples import JOB_IDS_PER_QUERY, SampleStore
 from slurm_aigc.telemetry.learned import (
     HistoryJob,
     JobUsage,
@@ -66,7 +66,7 @@ LOOP_WINDOWS_PER_TICK = 1
 # end, whenever it started. Left out: REQUEUED (an earlier run of a job that runs again: its
 # last run speaks for it), BOOT_FAIL (never ran), RESIZING and REVOKED (not an end of a run).
 ENDED_STATES = ("CD", "F", "TO", "OOM", "NF", "CA", "PR", "DL")
-_ID_BATCH = 500  # job ids per samples query (bounded IN lists)
+_ID_BATCH = JOB_IDS_PER_QUERY  # job ids per samples read: one query each (job_slices splits a longer list)
 
 UidOf = Callable[[str], "int | None"]
 

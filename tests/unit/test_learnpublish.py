@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -11,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import event
 from sqlalchemy.orm import Session, sessionmaker
 
-from slurm_aigc.db import JobGpuSample, open_database, transaction
+from slurm_aigc.db import JobGpuSample, RetentionState, open_database, transaction
 from slurm_aigc.policy.model import LearnedConfig
 from slurm_aigc.report.samples import SampleStore
 from slurm_aigc.telemetry.learned import parse_table
@@ -105,6 +107,29 @@ def test_a_run_learns_from_sacct_and_samples_and_writes_the_table(tmp_path: Path
     assert (entry.uid, entry.pattern, entry.job_class, entry.vram_gib, entry.sm) == (1001, "sd-gen", "imagegen", 7, 0.4)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
 
+
+
+def test_a_window_of_many_jobs_reads_their_samples_within_an_old_sqlites_999_parameters(tmp_path: Path) -> None:
+    # SQLite before 3.32 (EL8) takes 999 parameters a statement. Once retention has run, the
+    # samples query binds each job id twice (rollups and raw rows): 500 ids a query made 1,004.
+    db = open_database(f"sqlite:///{tmp_path / 'old.db'}")
+    with db() as session:
+        engine = session.get_bind().engine
+    engine.dispose()  # the connections made so far have the default limit
+
+    @event.listens_for(engine, "connect")
+    def limit(connection: sqlite3.Connection, _record: object) -> None:
+        connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)
+
+    with transaction(db) as session:
+        session.add(RetentionState(id=1, rolled_until=NOW - 2 * 86400))
+    sacct = FakeSacct()
+    for i in range(600):  # all in one sacct window: one samples read
+        sacct.add(1000 + i, f"sd-gen-{i:04d}")
+    for i in range(5):
+        add_samples(db, 1000 + i, 6000.0, 40.0)
+    [entry] = learner(tmp_path, sacct, db, [NOW]).tick() or []
+    assert (entry.pattern, entry.vram_gib, entry.sm) == ("sd-gen", 7, 0.4)
 
 def test_later_runs_read_only_what_is_new_and_forget_what_is_too_old(tmp_path: Path, db: sessionmaker[Session]) -> None:
     sacct = FakeSacct()

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
+from slurm_aigc.db import ActionRecord
 from slurm_aigc.errors import ConfigError
-from slurm_aigc.policy.loader import load_policy, parse_policy_text
+from slurm_aigc.policy.loader import CLASS_NAME_MAX, load_policy, parse_policy_text
 from slurm_aigc.policy.paths import shipped_policy
 
 
@@ -58,6 +59,8 @@ def test_shipped_policy_loads_with_types_sorted_and_every_section() -> None:
      "rewrites.model_prefer.published_features_file", "absolute path"),
     (lambda d: d["classes"].pop("interactive"), "classes", "interactive"),
     (lambda d: d["classes"].update(unknown={}), "classes.unknown", "reserved"),
+    (lambda d: d["scoring"].update(weight_max=2**31), "scoring.weight_max", "at most 2147483647"),
+    (lambda d: d["classes"].update({"c" * 33: {}}), "classes." + "c" * 33, f"class name {'c' * 33!r} has 33 characters; at most 32"),
     (lambda d: d["classes"]["infer"].update(partition="a b"), "classes.infer.partition", "partition name"),
     (lambda d: d["hook"].update(strict_tags="yes"), "hook.strict_tags", "true/false"),
     (lambda d: d["hook"].update(untouched_classes=["gone"]), "hook.untouched_classes[0]", "unknown class"),
@@ -72,6 +75,18 @@ def test_errors_name_file_key_path_and_problem(edit: Any, key_path: str, words: 
     assert caught.value.key_path == key_path
     assert words in caught.value.problem
 
+
+def test_class_names_fit_the_audit_trails_job_class_column() -> None:
+    # A longer name failed reclaim's audit insert (MariaDB, PostgreSQL) for every job of the class.
+    assert CLASS_NAME_MAX == ActionRecord.__table__.c.job_class.type.length
+    document = shipped()
+    document["classes"]["c" * CLASS_NAME_MAX] = {}
+    assert "c" * CLASS_NAME_MAX in parse(document).classes
+
+def test_weight_max_may_be_the_largest_value_the_weight_columns_hold() -> None:
+    document = shipped()
+    document["scoring"]["weight_max"] = 2**31 - 1  # node_publications.weight_*: Integer, 32-bit signed
+    assert parse(document).scoring.weight_max == 2**31 - 1
 
 def test_daemon_sections_are_validated_by_the_same_loader() -> None:
     document = shipped()

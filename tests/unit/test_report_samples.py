@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
+from itertools import groupby
+from pathlib import Path
 
 import pytest
+from sqlalchemy import event, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from slurm_aigc.db import ActionRecord, JobGpuRollup, JobGpuSample, RetentionState, open_database, transaction
+from slurm_aigc.errors import DatabaseError
 from slurm_aigc.report.figures import ReportParams, build_report
 from slurm_aigc.report.records import slices
 from slurm_aigc.report.sacct import parse_sacct_output
@@ -40,6 +45,45 @@ def test_used_gpu_hours_are_util_times_interval(db: sessionmaker[Session]) -> No
     used_gpu_h = sum(p.used_gpu_s or 0.0 for p in pieces) / 3600
     assert used_gpu_h == pytest.approx(0.5 + 0.5)
 
+
+
+def test_many_job_ids_are_read_a_few_hundred_a_query(db: sessionmaker[Session]) -> None:
+    # `replay --from-sacct` asked for every job of its window in one IN list (twice, once retention
+    # has run): PostgreSQL refuses 65,535 parameters, an old SQLite (EL8's) 999.
+    with transaction(db) as session:
+        session.add_all(JobGpuSample(ts=T0 + 10 * i, node="a100-01", job_id=str(job), gpu_index=0, sm_util_pct=50.0)
+                        for job in range(300) for i in range(2))
+        session.add(RetentionState(id=1, rolled_until=T0 - 3600))  # rollups and raw rows: two IN lists
+    bound: list[int] = []
+
+    def listener(_conn: object, _cursor: object, statement: str, parameters: Sequence[object], *_rest: object) -> None:
+        if "job_gpu_samples" in statement:
+            bound.append(len(parameters))
+    with db() as session:
+        engine = session.get_bind().engine
+    event.listen(engine, "before_cursor_execute", listener)
+    try:
+        pieces = list(SampleStore(db, ids_per_query=40).job_slices(T0 - 7200, T0 + 3600, [str(j) for j in range(300)] * 2))
+    finally:
+        event.remove(engine, "before_cursor_execute", listener)
+    assert len(bound) == 8 and max(bound) <= 2 * 40 + 4  # 300 ids, 40 a query, each bound twice
+    assert len(pieces) == 600 and len({p.job_id for p in pieces}) == 300
+    jobs_in_order = [job for job, _ in groupby(p.job_id for p in pieces)]
+    assert len(jobs_in_order) == 300  # each job's slices together
+
+
+def test_a_database_error_is_a_database_error(tmp_path: Path) -> None:
+    # The store's sessions let SQLAlchemy's own errors out, past `replay --from-sacct`'s handling
+    # of DatabaseError (a missing or unreachable database means a workload without samples).
+    db = open_database(f"sqlite:///{tmp_path / 'state.db'}")
+    with transaction(db) as session:
+        session.execute(text("DROP TABLE job_gpu_samples"))
+        session.execute(text("DROP TABLE actions"))
+    store = SampleStore(db)
+    with pytest.raises(DatabaseError):
+        list(store.job_slices(T0, T0 + 3600, ["1"]))
+    with pytest.raises(DatabaseError):
+        store.actions(T0, T0 + 3600)
 
 def test_window_and_job_filters(db: sessionmaker[Session]) -> None:
     add_series(db, "1", 0, [T0 - 10, T0, T0 + 10], [10.0, 20.0, 30.0])

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 import math
+import sqlite3
 from collections import defaultdict
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, event, func, insert, make_url, select
@@ -22,6 +24,7 @@ from slurm_aigc.db import (
     transaction,
 )
 from slurm_aigc.errors import DatabaseError
+from slurm_aigc.reclaim.store import ReclaimStore
 from slurm_aigc.report.retention import (
     BUCKET_S,
     FIRST_RUN_LOOKBACK_S,
@@ -98,8 +101,8 @@ def test_report_totals_over_rolled_up_hours_equal_the_raw_totals(factory: sessio
     assert set(before) == {"41", "42", "43"} and before["41"][0] > 0
     result = Retention(factory, raw_retention_hours=48.0, batch_rows=700, budget_s=math.inf).run(NOW)
     assert result.hours_rolled == HOURS and result.rollup_rows == 2 * 6 + 1 * 3 + 4 * 4
-    assert count(factory, JobGpuSample) == 0 and count(factory, GpuSample) == 0
-    raw_rows = 2 * 6 * 360 + 1 * 3 * 360 + 4 * 4 * 360
+    assert count(factory, JobGpuSample) == 1 and count(factory, GpuSample) == 1  # each table's highest id stays
+    raw_rows = 2 * 6 * 360 + 1 * 3 * 360 + 4 * 4 * 360 - 1
     assert result.deleted == {"job_gpu_samples": raw_rows, "gpu_samples": raw_rows, "process_samples": 0,
                               "node_publications": 0}
     assert totals(factory, *window) == before
@@ -146,11 +149,50 @@ def test_deletes_go_in_bounded_batches(factory: sessionmaker[Session]) -> None:
         engine = session.get_bind().engine
     event.listen(engine, "before_cursor_execute", listener)
     try:
-        result = Retention(factory, raw_retention_hours=48.0, batch_rows=1000, budget_s=math.inf).run(NOW)
+        result = Retention(factory, raw_retention_hours=48.0, batch_rows=800, budget_s=math.inf).run(NOW)
     finally:
         event.remove(engine, "before_cursor_execute", listener)
-    assert len(batches) == 12 and max(batches) == 1000 and sum(batches) == result.deleted["job_gpu_samples"] == 11160
+    # 11,160 rows but the highest id, 800 a transaction
+    assert len(batches) == 14 and max(batches) == 800 and sum(batches) == result.deleted["job_gpu_samples"] == 11159
 
+
+
+def test_the_highest_id_stays_so_that_new_samples_get_higher_ids(db_url: str) -> None:
+    # SQLite (no AUTOINCREMENT) gave an emptied table's next row id 1: the controller, which reads
+    # the rows after the highest id it has seen, missed every new sample.
+    factory = open_database(db_url)
+    with transaction(factory) as session:  # a job ran two hours; nothing since
+        session.execute(insert(JobGpuSample), [{"ts": T0 + 10 * i, "node": "a100-01", "job_id": "100", "gpu_index": 0,
+                                                "sm_util_pct": 0.0} for i in range(720)])
+    store = ReclaimStore(factory)
+    watermark = max(row.id for row in store.samples(["100"], 0.0))  # what the running controller remembers
+    result = Retention(factory, 48.0, budget_s=math.inf).run(NOW)
+    assert result.deleted["job_gpu_samples"] == 719
+    with transaction(factory) as session:
+        assert list(session.scalars(select(JobGpuSample.id))) == [watermark]
+    with transaction(factory) as session:  # a new job's first polls
+        session.execute(insert(JobGpuSample), [{"ts": NOW + 10 * i, "node": "a100-01", "job_id": "200", "gpu_index": 0,
+                                                "sm_util_pct": 0.0} for i in range(6)])
+    assert len(store.samples_after(["200"], watermark)) == 6
+
+
+def test_no_statement_binds_more_than_an_old_sqlite_allows(tmp_path: Path) -> None:
+    # SQLite before 3.32 (EL8) takes 999 parameters a statement: a delete batch of 5,000 ids, and
+    # the rollup of an hour of more than 999 jobs, went into one IN list each.
+    factory = open_database(f"sqlite:///{tmp_path / 'old.db'}")
+    with factory() as session:
+        engine = session.get_bind().engine
+    engine.dispose()  # the connections made so far have the default limit
+
+    @event.listens_for(engine, "connect")
+    def limit(connection: sqlite3.Connection, _record: object) -> None:
+        connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)
+
+    with transaction(factory) as session:  # an hour of 1,000 short jobs, three polls each
+        session.execute(insert(JobGpuSample), [{"ts": T0 + 10 * i, "node": "a100-01", "job_id": str(job), "gpu_index": 0,
+                                                "sm_util_pct": 50.0} for job in range(1000) for i in range(3)])
+    result = Retention(factory, 48.0, budget_s=math.inf).run(NOW)  # one batch of DEFAULT_BATCH_ROWS
+    assert result.rollup_rows == 1000 and result.deleted["job_gpu_samples"] == 2999
 
 def test_gpu_samples_are_pruned_before_any_job_has_a_sample(db_url: str) -> None:
     # A rollout: agents sample idle GPUs for days before a GPU job runs (no job_gpu_samples yet).
@@ -159,7 +201,7 @@ def test_gpu_samples_are_pruned_before_any_job_has_a_sample(db_url: str) -> None
         session.execute(insert(GpuSample), [{"ts": T0 + 10 * i, "node": "t4-01", "gpu_index": 0, "sm_util_pct": 0.0}
                                             for i in range(HOURS * 360)])
     result = Retention(factory, 48.0, budget_s=math.inf).run(NOW)
-    assert result.deleted["gpu_samples"] == HOURS * 360 and count(factory, GpuSample) == 0
+    assert result.deleted["gpu_samples"] == HOURS * 360 - 1 and count(factory, GpuSample) == 1  # the highest id stays
     assert result.hours_rolled == HOURS and count(factory, JobGpuRollup) == 0
 
 
@@ -218,7 +260,7 @@ def test_a_sample_from_a_wrong_clock_is_deleted_without_rolling_up_every_hour_si
     result = Retention(factory, 48.0, budget_s=math.inf).run(NOW)
     lookback_hours = int(FIRST_RUN_LOOKBACK_S / BUCKET_S)
     assert result.hours_rolled == lookback_hours  # from the bound to the retention window, not from the wrong row
-    assert result.rollup_rows == 2 * 6 + 1 * 3 + 4 * 4 and count(factory, JobGpuSample) == count(factory, GpuSample) == 0
+    assert result.rollup_rows == 2 * 6 + 1 * 3 + 4 * 4 and count(factory, JobGpuSample) == count(factory, GpuSample) == 1
     with transaction(factory) as session:
         assert session.scalar(select(func.min(JobGpuRollup.bucket_ts))) == T0  # job 7's wrong hour: never rolled up
     assert totals(factory, *window) == before
@@ -240,7 +282,7 @@ def test_a_run_stops_at_its_budget_and_the_next_goes_on_from_the_mark(factory: s
         assert len(runs) < 30
     assert len(runs) > 3 and not runs[0].finished
     assert sum(r.hours_rolled for r in runs) == HOURS and sum(r.rollup_rows for r in runs) == 2 * 6 + 1 * 3 + 4 * 4
-    assert count(factory, JobGpuSample) == count(factory, GpuSample) == 0
+    assert count(factory, JobGpuSample) == count(factory, GpuSample) == 1  # each table's highest id stays
 
 
 def test_the_schedule_runs_again_at_the_next_tick_while_a_run_left_work(factory: sessionmaker[Session]) -> None:
@@ -253,7 +295,7 @@ def test_the_schedule_runs_again_at_the_next_tick_while_a_run_left_work(factory:
     assert len(done) > 3 and done[-1].finished and not done[0].finished
     assert results[len(done):] == [None] * (40 - len(done))  # then hourly again
     assert "budget spent: more at the next tick" in logged[0]
-    assert count(factory, JobGpuSample) == 0
+    assert count(factory, JobGpuSample) == 1  # the highest id stays
 
 
 def test_after_an_error_the_schedule_waits_for_the_next_hour_even_inside_unfinished_work(

@@ -6,7 +6,7 @@ import re
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -87,6 +87,18 @@ def test_reclaim_store_records_an_observation_once(db_url: str) -> None:
     assert store.sample_ids(min(stored) - 1, max(stored), T0.timestamp() + 1) == set()  # older than asked
     assert store.samples_by_id(sorted(stored, reverse=True)) == samples
 
+
+
+def test_an_intent_keeps_a_prefix_of_names_longer_than_the_audit_columns(db_url: str) -> None:
+    # Slurm takes longer names than the columns hold: MariaDB and PostgreSQL refused the insert,
+    # so the intent (and the action) of such a job failed at every tick.
+    store = ReclaimStore(open_database(db_url))
+    account = "ml-platform-research-generative-media-diffusion-inference-team-shared"  # 70 characters
+    long_names = replace(plan(), user="u" * 70, account=account, job_class="c" * 40)
+    action_id = store.record_intent(long_names, {}, 1000.0)
+    row = store.audit(job_id="41")[0]
+    assert row.id == action_id
+    assert (row.user, row.account, row.job_class) == ("u" * 64, account[:64], "c" * 32)
 
 # ---------------------------------------------------------------- least privilege
 
