@@ -44,7 +44,9 @@ from slurm_aigc.report.sacct import JobRecord, SacctQuery, SacctReader, SkippedR
 from slurm_aigc.report.tres import gpu_equivalents
 from slurm_aigc.slurm import SlurmCli
 from slurm_aigc.telemetry.gres import expand_nodes
+from slurm_aigc.telemetry.simgpu import SIM_GPU_MODELS
 from slurm_aigc.telemetry.store import TelemetryStore
+from slurm_aigc.units import MIB_PER_GIB
 
 Progress = Callable[[str], None]
 MODES = ("stock", "aigc")
@@ -327,6 +329,12 @@ def merge_retries(outcomes: Sequence[JobOutcome], retries: Mapping[str, str],
     return merged
 
 
+def simulated_memory_gib(shape: ClusterShape) -> dict[str, float]:
+    """GiB each node's simulated GPUs hold, as gpu-load checks a job's memory against them: a t4
+    holds 15 GiB, not the 16 it is sold as (a 15.6 GiB job fails there alone)."""
+    return {n.name: SIM_GPU_MODELS[n.gpu.gres_type].memory_total_mib / MIB_PER_GIB for n in shape.nodes}
+
+
 def fit_failures(records: Iterable[JobRecord], retries: Mapping[str, str], jobs: Mapping[str, WorkloadJob],
                  memory_gib_by_node: Mapping[str, float]) -> set[str]:
     """First attempts that FAILED on whole GPUs whose memory holds what their job uses: the memory
@@ -596,8 +604,7 @@ class ReplayRun:
         by_id = {job_id: job for job in self.workload.jobs if (job_id := self.job_ids.get(job.name))}
         by_id.update({retry: by_id[first] for first, retry in retries.items() if first in by_id})
         classes.update({retry: classes[first] for first, retry in retries.items() if first in classes})
-        memory = {n.name: float(n.gpu.memory_gib) for n in self.cluster.shape().nodes}
-        misfits = fit_failures(records, retries, by_id, memory)
+        misfits = fit_failures(records, retries, by_id, simulated_memory_gib(self.cluster.shape()))
         outcomes = [replace(o, state="LOST (timeout)") if o.job_id in self.timed_out else o
                     for o in merge_retries(outcomes_from_records(records, classes, shards, by_id), retries, misfits)]
         # A job sacct never heard of was lost by the scheduler (or refused): count it.

@@ -27,6 +27,7 @@ from slurm_aigc.replay.runner import (
     pending_count,
     retry_args,
     sbatch_args,
+    simulated_memory_gib,
     user_for,
     work_end_s,
 )
@@ -385,6 +386,12 @@ def test_a_whole_gpu_job_that_failed_where_its_memory_fits_was_harmed_by_a_neigh
     jobs = {job_id: job(gpus=1, mem_used_gib_per_gpu=30.0) for job_id in ("7", "8", "9", "10")}
     misfits = fit_failures(rows, retries, jobs, {"a100-01": 80.0, "t4-02": 16.0})
     assert misfits == {"7"}
+    # Against what the simulated GPUs hold: a t4 has 15 GiB, so a 15.6 GiB job fails there alone.
+    shape = SimpleNamespace(nodes=[SimpleNamespace(name="a100-01", gpu=SimpleNamespace(gres_type="a100")),
+                                   SimpleNamespace(name="t4-02", gpu=SimpleNamespace(gres_type="t4"))])
+    assert simulated_memory_gib(shape) == {"a100-01": 80.0, "t4-02": 15.0}
+    alone = {job_id: job(gpus=1, mem_used_gib_per_gpu=15.6) for job_id in ("7", "8")}
+    assert fit_failures(rows, retries, alone, simulated_memory_gib(shape)) == {"7"}
     seven, eight = merge_retries(outcomes_from_records(rows, {}, {"a100": 80, "t4": 16}), retries, misfits)
     end = seven.submit_ts + 600
     assert harmed_by(seven, end) and not harmed_by(eight, end)
