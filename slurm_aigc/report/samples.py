@@ -96,9 +96,13 @@ def _one_snapshot(session: Session) -> None:
     retention moved the mark and deleted the raw rows behind it between our reading the mark and
     the rows, that hour would come from neither table. REPEATABLE READ keeps the first read's
     snapshot for the session's transaction; a report only reads, so it takes no locks the
-    agents' inserts would wait for. SQLite, single-host and test-only, keeps its default.
+    agents' inserts would wait for. SQLite: its driver begins no transaction for a SELECT, so each
+    statement read the newest commit too (the controller's retention runs in another process on
+    the same file); an explicit BEGIN holds one WAL snapshot from the first read, and writers go on.
     """
-    if session.get_bind().dialect.name != "sqlite":
+    if session.get_bind().dialect.name == "sqlite":
+        session.connection().exec_driver_sql("BEGIN")
+    else:
         session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
 
 
