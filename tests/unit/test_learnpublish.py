@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sqlite3
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -12,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import event
 from sqlalchemy.orm import Session, sessionmaker
 
 from slurm_aigc.db import JobGpuSample, RetentionState, open_database, transaction
@@ -20,6 +18,7 @@ from slurm_aigc.policy.model import LearnedConfig
 from slurm_aigc.report.samples import SampleStore
 from slurm_aigc.telemetry.learned import parse_table
 from slurm_aigc.telemetry.learnpublish import LearnedPublisher, with_learner
+from tests.unit.old_sqlite import sqlite_with_999_parameters
 from tests.unit.sacct_json import sacct_json
 
 NOW = datetime(2026, 12, 3, 12, tzinfo=UTC).timestamp()
@@ -112,15 +111,7 @@ def test_a_run_learns_from_sacct_and_samples_and_writes_the_table(tmp_path: Path
 def test_a_window_of_many_jobs_reads_their_samples_within_an_old_sqlites_999_parameters(tmp_path: Path) -> None:
     # SQLite before 3.32 (EL8) takes 999 parameters a statement. Once retention has run, the
     # samples query binds each job id twice (rollups and raw rows): 500 ids a query made 1,004.
-    db = open_database(f"sqlite:///{tmp_path / 'old.db'}")
-    with db() as session:
-        engine = session.get_bind().engine
-    engine.dispose()  # the connections made so far have the default limit
-
-    @event.listens_for(engine, "connect")
-    def limit(connection: sqlite3.Connection, _record: object) -> None:
-        connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)
-
+    db = sqlite_with_999_parameters(tmp_path / "old.db")
     with transaction(db) as session:
         session.add(RetentionState(id=1, rolled_until=NOW - 2 * 86400))
     sacct = FakeSacct()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import math
-import sqlite3
 from collections import defaultdict
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -36,6 +35,7 @@ from slurm_aigc.report.retention import (
 from slurm_aigc.report.samples import SampleStore
 from slurm_aigc.telemetry.store import Publication, TelemetryStore
 from tests.unit.db_plans import Plan, plan, sent
+from tests.unit.old_sqlite import sqlite_with_999_parameters
 
 T0 = datetime(2026, 11, 30, 0, tzinfo=UTC).timestamp()
 HOURS = 6
@@ -179,15 +179,7 @@ def test_the_highest_id_stays_so_that_new_samples_get_higher_ids(db_url: str) ->
 def test_no_statement_binds_more_than_an_old_sqlite_allows(tmp_path: Path) -> None:
     # SQLite before 3.32 (EL8) takes 999 parameters a statement: a delete batch of 5,000 ids, and
     # the rollup of an hour of more than 999 jobs, went into one IN list each.
-    factory = open_database(f"sqlite:///{tmp_path / 'old.db'}")
-    with factory() as session:
-        engine = session.get_bind().engine
-    engine.dispose()  # the connections made so far have the default limit
-
-    @event.listens_for(engine, "connect")
-    def limit(connection: sqlite3.Connection, _record: object) -> None:
-        connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)
-
+    factory = sqlite_with_999_parameters(tmp_path / "old.db")
     with transaction(factory) as session:  # an hour of 1,000 short jobs, three polls each
         session.execute(insert(JobGpuSample), [{"ts": T0 + 10 * i, "node": "a100-01", "job_id": str(job), "gpu_index": 0,
                                                 "sm_util_pct": 50.0} for job in range(1000) for i in range(3)])
