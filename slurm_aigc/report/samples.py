@@ -79,14 +79,15 @@ class SampleStore:
                         yield from slices([tuple(row[1:10]) for row in series], self._interval_s)
 
     def actions(self, since_ts: float, until_ts: float, job_ids: Sequence[str] = ()) -> list[ActionEvent]:
-        """Audit rows whose intent falls in [since, until) (or of the given jobs, any time)."""
-        query = select(ActionRecord)
-        if job_ids:
-            query = query.where(ActionRecord.job_id.in_(list(job_ids)))
-        else:
-            query = query.where(ActionRecord.ts_intent >= since_ts, ActionRecord.ts_intent < until_ts)
+        """Audit rows whose intent falls in [since, until) (or of the given jobs, any time), by intent
+        time; many job ids are read `ids_per_query` at a time, as in `job_slices`."""
+        keys = sorted(set(job_ids))
+        window = ActionRecord.ts_intent >= since_ts, ActionRecord.ts_intent < until_ts
+        conditions = [(ActionRecord.job_id.in_(keys[start:start + self._ids_per_query]),)
+                      for start in range(0, len(keys), self._ids_per_query)] or [window]
         with transaction(self._factory) as session:  # errors as DatabaseError, as `job_slices`
-            return [_event(row) for row in session.scalars(query.order_by(ActionRecord.ts_intent))]
+            rows = [row for where in conditions for row in session.scalars(select(ActionRecord).where(*where))]
+        return [_event(row) for row in sorted(rows, key=lambda row: (row.ts_intent, row.id))]
 
 
 def _one_snapshot(session: Session) -> None:

@@ -72,6 +72,27 @@ def test_many_job_ids_are_read_a_few_hundred_a_query(db: sessionmaker[Session]) 
     assert len(jobs_in_order) == 300  # each job's slices together
 
 
+def test_many_jobs_actions_are_read_a_few_hundred_ids_a_query_in_intent_order(db: sessionmaker[Session]) -> None:
+    # `report job` asks for a job and its sacct rows' ids (an array job's can be thousands).
+    with transaction(db) as session:
+        session.add_all(ActionRecord(observation_key=f"k{job}", ts_intent=T0 - job, job_id=str(job), verdict="idle",
+                                     action="notify", step=0, dry_run=False, state="done") for job in range(100))
+    bound: list[int] = []
+
+    def listener(_conn: object, _cursor: object, statement: str, parameters: Sequence[object], *_rest: object) -> None:
+        if "FROM actions" in statement:
+            bound.append(len(parameters))
+    with db() as session:
+        engine = session.get_bind().engine
+    event.listen(engine, "before_cursor_execute", listener)
+    try:
+        events = SampleStore(db, ids_per_query=30).actions(0.0, 0.0, [str(j) for j in range(100)])
+    finally:
+        event.remove(engine, "before_cursor_execute", listener)
+    assert len(bound) == 4 and max(bound) <= 30
+    assert [e.job_id for e in events] == [str(j) for j in reversed(range(100))]  # by intent time
+
+
 def test_a_database_error_is_a_database_error(tmp_path: Path) -> None:
     # The store's sessions let SQLAlchemy's own errors out, past `replay --from-sacct`'s handling
     # of DatabaseError (a missing or unreachable database means a workload without samples).
