@@ -12,7 +12,7 @@ from dataclasses import replace
 from itertools import groupby
 from typing import Any
 
-from sqlalchemy import Row, Select, literal_column, select, union_all
+from sqlalchemy import ColumnElement, Row, Select, and_, literal_column, select, union_all
 from sqlalchemy.orm import Session, sessionmaker
 
 from slurm_aigc.db import ActionRecord, JobGpuRollup, JobGpuSample, transaction
@@ -82,11 +82,11 @@ class SampleStore:
         """Audit rows whose intent falls in [since, until) (or of the given jobs, any time), by intent
         time; many job ids are read `ids_per_query` at a time, as in `job_slices`."""
         keys = sorted(set(job_ids))
-        window = ActionRecord.ts_intent >= since_ts, ActionRecord.ts_intent < until_ts
-        conditions = [(ActionRecord.job_id.in_(keys[start:start + self._ids_per_query]),)
-                      for start in range(0, len(keys), self._ids_per_query)] or [window]
+        window = and_(ActionRecord.ts_intent >= since_ts, ActionRecord.ts_intent < until_ts)
+        conditions: list[ColumnElement[bool]] = [ActionRecord.job_id.in_(keys[start:start + self._ids_per_query])
+                                                 for start in range(0, len(keys), self._ids_per_query)] or [window]
         with transaction(self._factory) as session:  # errors as DatabaseError, as `job_slices`
-            rows = [row for where in conditions for row in session.scalars(select(ActionRecord).where(*where))]
+            rows = [row for where in conditions for row in session.scalars(select(ActionRecord).where(where))]
         return [_event(row) for row in sorted(rows, key=lambda row: (row.ts_intent, row.id))]
 
 
