@@ -212,7 +212,7 @@ def plan_job(
         return Wait(facts.job_id, "an earlier action has no outcome yet (reconcile first)")
     if len(mine) >= config.max_actions_per_job:
         return Wait(facts.job_id, f"per-job cap of {config.max_actions_per_job} actions reached")
-    step, skipped = _next_step(verdict, facts, mine, config, dry)
+    step, skipped = _next_step(verdict, facts, mine, config, dry, now_ts)
     passed = "".join(f"; skipped {why}" for why in skipped)
     if step is None:
         return Wait(facts.job_id, f"{verdict.kind}: ladder finished for this run of the job{passed}")
@@ -225,19 +225,28 @@ def plan_job(
     return _planned(verdict, facts, index, action, key, config, now_ts, skipped)
 
 
-def _episode(verdict: Verdict, facts: JobFacts, mine: Iterable[PastAction]) -> tuple[str, list[PastAction]]:
+def _episode(verdict: Verdict, facts: JobFacts, mine: Iterable[PastAction], config: ReclaimConfig,
+             now_ts: float) -> tuple[str, list[PastAction]]:
     """This verdict's ladder in the current waste episode of this run: its key part and its rows.
 
     A warning belongs to the episode it was given in: a job warned, busy for hours, then idle
     again is warned again rather than requeued on the strength of the old warning. The first
     episode keeps the plain key; a later one is keyed by its start, so that a restarted
     controller judging the same episode (same `since_ts`) finds the same keys.
+
+    A stretch that reaches back to where the controller's read began (`lookback_s`: a
+    `--once` controller, or the first tick after a restart, reads no further) has an unknown
+    start: every step of this run counts, as the stretch showed no work since the oldest
+    sample read. Taking the read's edge for the start re-warned such a job at every tick once
+    its episode outlasted the lookback, and never took the next step.
     """
     assert verdict.kind is not None
     run = f"{facts.job_id}/r{facts.restarts}/"
     ours = [a for a in mine if a.observation_key.removeprefix("dry:").startswith(run)
             and _verdict_part(a.observation_key).split("@")[0] == verdict.kind]
     start = None if verdict.kind in _NO_EPISODES else verdict.since_ts
+    if start is not None and start <= now_ts - config.lookback_s() + config.gap_s:
+        start = None
     current = ours if start is None else [a for a in ours if a.ts_intent >= start]
     if current:
         latest = max(current, key=lambda a: a.ts_intent)
@@ -249,12 +258,12 @@ def _episode(verdict: Verdict, facts: JobFacts, mine: Iterable[PastAction]) -> t
 
 
 def _next_step(
-    verdict: Verdict, facts: JobFacts, mine: Iterable[PastAction], config: ReclaimConfig, dry: bool
+    verdict: Verdict, facts: JobFacts, mine: Iterable[PastAction], config: ReclaimConfig, dry: bool, now_ts: float
 ) -> tuple[tuple[int, str, str] | None, tuple[str, ...]]:
     """The first step not yet taken in this episode (index, action, key), and the reasons of
     the signal steps passed over on the way."""
     assert verdict.kind is not None
-    episode, rows = _episode(verdict, facts, mine)
+    episode, rows = _episode(verdict, facts, mine, config, now_ts)
     ladder = config.policy_for(facts.job_class).ladder.get(verdict.kind, ())
     skipped: list[str] = []
     for index, action in enumerate(ladder):

@@ -215,6 +215,23 @@ def test_a_warning_from_an_earlier_episode_does_not_arm_the_next_step() -> None:
     assert isinstance(capped, Wait) and "per-job cap of 2" in capped.reason
 
 
+def test_a_stretch_reaching_back_to_the_read_window_keeps_its_warning() -> None:
+    """A `--once` controller (or the first tick after a restart) reads `lookback_s` back: a
+    stretch that starts at that edge began earlier, unseen. Its warning still arms the next step;
+    taking the edge for the episode's start re-warned the job at every tick and never went on."""
+    config = replace(CONFIG, defaults=replace(CONFIG.defaults, window_s=300.0))
+    lookback = config.lookback_s()
+    notify = PastAction("7/r0/idle/0:notify", "7", "idle", "notify", "done", False, NOW - lookback - 100, NOW - lookback - 100)
+    at_edge = replace(verdict("idle"), since_ts=NOW - lookback)  # all the controller read is idle
+    plan = plan_job(at_edge, FACTS, [notify], config, NOW)
+    assert isinstance(plan, PlannedAction)
+    assert (plan.action, plan.observation_key) == ("requeue", "7/r0/idle/1:requeue")
+    # A stretch that began inside the read (work seen after the warning) is a new episode.
+    inside = replace(verdict("idle"), since_ts=NOW - lookback + 2 * config.gap_s)
+    fresh = plan_job(inside, FACTS, [notify], config, NOW)
+    assert isinstance(fresh, PlannedAction) and fresh.action == "notify"
+
+
 def test_a_step_that_provably_did_nothing_is_retried_after_the_cooldown_a_bounded_number_of_times() -> None:
     notify = PastAction("7/r0/idle/0:notify", "7", "idle", "notify", "done", False, NOW - 60, NOW - 60)
     history = [notify]
