@@ -233,7 +233,7 @@ in_namespaces "$merged" host-net "cd /srv/slurm-aigc && bash scripts/setup-venv.
 log "running \`$inner\` in the $other chroot (own network namespace, $NS_HOST = $NS_ADDR)"
 set +e
 in_namespaces "$merged" own-net \
-    "cd /srv/slurm-aigc && export SLURM_AIGC_SKIP_OTHER_RELEASE=1 SLURM_AIGC_RESULTS=/var/tmp/aigc-results;
+    "cd /srv/slurm-aigc && export SLURM_AIGC_SKIP_OTHER_RELEASE=1 SLURM_AIGC_SKIP_PG=1 SLURM_AIGC_RESULTS=/var/tmp/aigc-results;
      mkdir -p /var/tmp/aigc-results; $inner; rc=\$?; .venv/bin/slurm-aigc cluster down >/dev/null 2>&1; exit \$rc"
 rc=$?
 set -e
