@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from itertools import groupby
 from pathlib import Path
@@ -47,6 +48,23 @@ def test_used_gpu_hours_are_util_times_interval(db: sessionmaker[Session]) -> No
 
 
 
+@contextmanager
+def parameters_bound(db: sessionmaker[Session], marker: str) -> Iterator[list[int]]:
+    """How many parameters each statement containing `marker` bound while the block ran."""
+    bound: list[int] = []
+
+    def listener(_conn: object, _cursor: object, statement: str, parameters: Sequence[object], *_rest: object) -> None:
+        if marker in statement:
+            bound.append(len(parameters))
+    with db() as session:
+        engine = session.get_bind().engine
+    event.listen(engine, "before_cursor_execute", listener)
+    try:
+        yield bound
+    finally:
+        event.remove(engine, "before_cursor_execute", listener)
+
+
 def test_many_job_ids_are_read_a_few_hundred_a_query(db: sessionmaker[Session]) -> None:
     # `replay --from-sacct` asked for every job of its window in one IN list (twice, once retention
     # has run): PostgreSQL refuses 65,535 parameters, an old SQLite (EL8's) 999.
@@ -54,18 +72,8 @@ def test_many_job_ids_are_read_a_few_hundred_a_query(db: sessionmaker[Session]) 
         session.add_all(JobGpuSample(ts=T0 + 10 * i, node="a100-01", job_id=str(job), gpu_index=0, sm_util_pct=50.0)
                         for job in range(300) for i in range(2))
         session.add(RetentionState(id=1, rolled_until=T0 - 3600))  # rollups and raw rows: two IN lists
-    bound: list[int] = []
-
-    def listener(_conn: object, _cursor: object, statement: str, parameters: Sequence[object], *_rest: object) -> None:
-        if "job_gpu_samples" in statement:
-            bound.append(len(parameters))
-    with db() as session:
-        engine = session.get_bind().engine
-    event.listen(engine, "before_cursor_execute", listener)
-    try:
+    with parameters_bound(db, "job_gpu_samples") as bound:
         pieces = list(SampleStore(db, ids_per_query=40).job_slices(T0 - 7200, T0 + 3600, [str(j) for j in range(300)] * 2))
-    finally:
-        event.remove(engine, "before_cursor_execute", listener)
     assert len(bound) == 8 and max(bound) <= 2 * 40 + 4  # 300 ids, 40 a query, each bound twice
     assert len(pieces) == 600 and len({p.job_id for p in pieces}) == 300
     jobs_in_order = [job for job, _ in groupby(p.job_id for p in pieces)]
@@ -77,18 +85,8 @@ def test_many_jobs_actions_are_read_a_few_hundred_ids_a_query_in_intent_order(db
     with transaction(db) as session:
         session.add_all(ActionRecord(observation_key=f"k{job}", ts_intent=T0 - job, job_id=str(job), verdict="idle",
                                      action="notify", step=0, dry_run=False, state="done") for job in range(100))
-    bound: list[int] = []
-
-    def listener(_conn: object, _cursor: object, statement: str, parameters: Sequence[object], *_rest: object) -> None:
-        if "FROM actions" in statement:
-            bound.append(len(parameters))
-    with db() as session:
-        engine = session.get_bind().engine
-    event.listen(engine, "before_cursor_execute", listener)
-    try:
+    with parameters_bound(db, "FROM actions") as bound:
         events = SampleStore(db, ids_per_query=30).actions(0.0, 0.0, [str(j) for j in range(100)])
-    finally:
-        event.remove(engine, "before_cursor_execute", listener)
     assert len(bound) == 4 and max(bound) <= 30
     assert [e.job_id for e in events] == [str(j) for j in reversed(range(100))]  # by intent time
 
