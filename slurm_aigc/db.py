@@ -718,8 +718,10 @@ def probe_privileges(factory: sessionmaker[Session]) -> dict[str, bool]:
 
 def server_time(factory: sessionmaker[Session]) -> float | None:
     """The database server's clock as a Unix time (None for SQLite, which has no server)."""
-    queries = {"mysql": "SELECT UNIX_TIMESTAMP(NOW(6))", "mariadb": "SELECT UNIX_TIMESTAMP(NOW(6))",
-               "postgresql": "SELECT EXTRACT(EPOCH FROM clock_timestamp())"}
+    # UTC_TIMESTAMP less the epoch, never UNIX_TIMESTAMP(NOW(6)): that turns the session's local
+    # time back into seconds, an hour off in a DST fold where the server's zone is a named one.
+    mysql = "SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000"
+    queries = {"mysql": mysql, "mariadb": mysql, "postgresql": "SELECT EXTRACT(EPOCH FROM clock_timestamp())"}
     with transaction(factory) as session:
         query = queries.get(session.get_bind().dialect.name)
         return None if query is None else float(session.scalar(text(query)))

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from sqlalchemy import event, text
+from sqlalchemy.exc import OperationalError
 
 from slurm_aigc.cli import doctor as doc
 from slurm_aigc.db import open_database, probe_privileges, server_time
 from slurm_aigc.errors import ConfigError, DatabaseError, NvmlUnavailableError
+from tests.conftest import DatabaseServer
 
 AGENT_CAN = {"add samples": True, "read samples": False, "write actions": False, "write publications": False,
              "update rows": False, "delete samples": False}
@@ -165,3 +169,27 @@ def test_a_controller_whose_slurmdbd_records_no_gpu_allocation_fails(tres: str, 
     if missing:
         assert f"does not name {missing}" in check.detail and "AccountingStorageTRES" in check.fix
     assert all(f.check != "gpu accounting" for f in doc.run_checks(env(slurm_config=lambda: config), "agent", None, None))
+
+
+
+def test_the_mariadb_clock_read_is_exact_in_a_dst_fold(mariadb: DatabaseServer) -> None:
+    # 2026-10-25 01:30:00.25 UTC is 02:30 CET in Berlin, a local hour that happens twice:
+    # UNIX_TIMESTAMP(NOW(6)) read it as the CEST one, 3,600 s early, and doctor then told a
+    # right clock to fix itself. The session's clock is pinned there with SET timestamp.
+    factory = open_database(mariadb.create_database())
+    engine = factory.kw["bind"]
+    with engine.connect() as connection:
+        try:
+            connection.execute(text("SET time_zone = 'Europe/Berlin'"))
+        except OperationalError:
+            pytest.skip("MariaDB has no named time zones loaded (slurm-aigc cluster up loads them)")
+    engine.dispose()
+
+    @event.listens_for(engine, "connect")
+    def in_the_fold(dbapi_connection: Any, record: object) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute("SET time_zone = 'Europe/Berlin'")
+        cursor.execute("SET timestamp = 1792891800.25")
+        cursor.close()
+
+    assert server_time(factory) == pytest.approx(1792891800.25, abs=1e-3)
