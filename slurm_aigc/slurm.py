@@ -138,7 +138,8 @@ def job_from_json(job: JsonObject) -> JobInfo:
         num_nodes=slurmjson.number(job.get("node_count")) or 1, features=t(job.get("features")),
         fields=_compat_fields({"TresPerJob": t(job.get("tres_per_job")), "TresPerNode": t(job.get("tres_per_node")),
                                "Priority": priority, "Prefer": t(job.get("prefer")), "Features": t(job.get("features")),
-                               "Comment": t(job.get("comment")), "AdminComment": t(job.get("admin_comment"))}),
+                               "Comment": t(job.get("comment")), "AdminComment": t(job.get("admin_comment")),
+                               "StateReason": t(job.get("state_reason"))}),
         gres_detail=slurmjson.gres_detail(job), work_dir=t(job.get("current_working_directory")),
     )
 

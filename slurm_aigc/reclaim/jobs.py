@@ -109,17 +109,18 @@ def is_held(job: JobInfo) -> bool:
 
 
 def requeue_held(job: JobInfo) -> bool:
-    """Held the way `scontrol requeuehold` holds a job, not by an `scontrol hold` of its owner.
+    """Held the way `scontrol requeuehold` holds a job, and by nothing since.
 
     slurmctld (job_mgr.c, JOB_REQUEUE_HOLD) sets the description `job requeued in held state`
-    (shown as `job_requeued_in_held_state` by 22.05), with reason JobHeldAdmin (22.05) or
-    JobHeldUser (later). Without a description, only JobHeldAdmin is taken for it (what a
-    requeuehold by root shows when the description is not reported): a user's `scontrol hold`
-    (JobHeldUser) or a launch failure's hold (`launch failed requeued held`) is someone else's.
+    (`job_requeued_in_held_state` in some listings) with reason JobHeldUser. Measured on
+    22.05.8: an administrator's `scontrol hold` afterwards keeps that description and turns the
+    reason to JobHeldAdmin, so that is someone else's hold on top of ours, and so is any hold
+    without the description (a user's `scontrol hold`, `launch failed requeued held`).
     """
     if not is_held(job):
         return False
-    return job.reason.replace("_", " ").lower() == "job requeued in held state" or job.reason == "JobHeldAdmin"
+    described = job.reason.replace("_", " ").lower() == "job requeued in held state"
+    return described and job.fields.get("StateReason") != "JobHeldAdmin"
 
 
 def declared_signal(job: JobInfo) -> str:

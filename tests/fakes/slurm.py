@@ -67,6 +67,7 @@ class FakeJob:
     account: str = "aigc"
     qos: str = "normal"
     reason: str = "None"
+    description: str = ""  # state_description, as `scontrol requeuehold` sets it
     batch: bool = True
     requeue: bool = True
     restarts: int = 0
@@ -109,7 +110,7 @@ class FakeJob:
             "job_id": int(self.job_id), "name": "test", "user_name": self.user, "user_id": 1001,
             "priority": num(self.priority), "account": self.account, "qos": self.qos,
             "job_state": [self.state] if new else self.state, "state_reason": self.reason,
-            "state_description": "", "requeue": self.requeue, "restart_cnt": self.restarts,
+            "state_description": self.description, "requeue": self.requeue, "restart_cnt": self.restarts,
             "batch_flag": self.batch, "time_limit": num(120), "submit_time": num(start),
             "start_time": num(start), "end_time": num(start + 7200), "partition": "gpu",
             "nodes": self.node if running else "", "node_count": num(1), "cpus": num(1),
@@ -205,7 +206,7 @@ class FakeSlurm:
             return self._requeue(args, rest)
         if rest[:1] == ["release"]:
             job = self.jobs[rest[1]]
-            job.reason, job.priority = "None", 100
+            job.reason, job.description, job.priority = "None", "", 100
             return _ok(args, "")
         return _ok(args, "") if rest[:1] == ["notify"] else None
 
@@ -223,7 +224,8 @@ class FakeSlurm:
         held = rest[0] == "requeuehold"
         job.restarts += 1
         job.state = "COMPLETING" if self.pending_after_polls else "PENDING"
-        job.reason = "JobHeldAdmin" if held else "BeginTime"
+        job.reason = "JobHeldUser" if held else "BeginTime"  # as 22.05.8 and 24.11.5 show a requeuehold
+        job.description = "job requeued in held state" if held else ""
         job.priority = 0 if held else job.priority
         return _ok(args, "")
 

@@ -195,7 +195,8 @@ def test_reconcile_finishes_an_interrupted_shrink(store: ReclaimStore) -> None:
     fake, actuator, _, _ = setup(store)
     store.record_intent(plan("shrink", gpus_after=1), {"restarts_before": 0}, 900.0)
     job = fake.jobs["7"]
-    job.restarts, job.state, job.reason, job.priority = 1, "PENDING", "JobHeldAdmin", 0
+    job.restarts, job.state, job.priority = 1, "PENDING", 0
+    job.reason, job.description = "JobHeldUser", "job requeued in held state"  # what requeuehold shows
     [result] = actuator.reconcile()
     assert result.state == "done"
     assert (job.gpus, job.priority) == (1, 100)
@@ -417,14 +418,20 @@ def crashed_shrink_intent(store: ReclaimStore) -> FakeSlurm:
     return fake
 
 
-@pytest.mark.parametrize(("restarts", "reason"), [(1, "JobHeldUser"), (2, "job_requeued_in_held_state"),
-                                                   (1, "launch failed requeued held")])
-def test_reconcile_leaves_a_hold_it_did_not_place_alone(store: ReclaimStore, restarts: int, reason: str) -> None:
-    """Requeued by a node failure and held by its owner (or requeued twice, or held after a failed
-    launch) while the controller was down: not our requeuehold, so not released or shrunk."""
+@pytest.mark.parametrize(("restarts", "reason", "description"), [
+    (1, "JobHeldUser", ""), (2, "JobHeldUser", "job requeued in held state"), (1, "launch failed requeued held", ""),
+    (1, "JobHeldAdmin", ""),  # an administrator's scontrol hold after a node failure's requeue
+    (1, "JobHeldAdmin", "job requeued in held state"),  # ... or on top of the requeuehold (22.05.8 keeps the text)
+])
+def test_reconcile_leaves_a_hold_it_did_not_place_alone(store: ReclaimStore, restarts: int, reason: str,
+                                                        description: str) -> None:
+    """Requeued by a node failure and held by its owner or an administrator (or requeued twice, or
+    held after a failed launch, or held by an administrator after the requeuehold) while the
+    controller was down: not only our requeuehold, so not released or shrunk."""
     fake = crashed_shrink_intent(store)
     job = fake.jobs["7"]
     job.restarts, job.state, job.reason, job.priority = restarts, "PENDING", reason, 0
+    job.description = description
     [result] = Actuator(SlurmCli(runner=fake), store, CONFIG, clock=Clock()).reconcile()
     assert result.state == "failed" and "not our requeuehold" in result.detail["error"]
     assert fake.mutations() == [] and (job.gpus, job.priority) == (4, 0)
@@ -433,7 +440,8 @@ def test_reconcile_leaves_a_hold_it_did_not_place_alone(store: ReclaimStore, res
 def test_reconcile_finishes_its_own_requeuehold_as_slurm_shows_it(store: ReclaimStore) -> None:
     fake = crashed_shrink_intent(store)
     job = fake.jobs["7"]  # requeuehold ran, then the crash: slurmctld's description of that hold
-    job.restarts, job.state, job.reason, job.priority = 1, "PENDING", "job_requeued_in_held_state", 0
+    job.restarts, job.state, job.priority = 1, "PENDING", 0
+    job.reason, job.description = "JobHeldUser", "job_requeued_in_held_state"  # the underscored form too
     [result] = Actuator(SlurmCli(runner=fake), store, CONFIG, clock=Clock()).reconcile()
     assert result.state == "done" and (job.gpus, job.priority) == (1, 100)
 
@@ -441,7 +449,8 @@ def test_reconcile_finishes_its_own_requeuehold_as_slurm_shows_it(store: Reclaim
 def test_reconcile_releases_its_hold_on_a_job_exempt_since_without_lowering_its_gpus(store: ReclaimStore) -> None:
     fake = crashed_shrink_intent(store)
     job = fake.jobs["7"]
-    job.restarts, job.state, job.reason, job.priority = 1, "PENDING", "JobHeldAdmin", 0
+    job.restarts, job.state, job.priority = 1, "PENDING", 0
+    job.reason, job.description = "JobHeldUser", "job requeued in held state"
     job.admin_comment = "aigc_class=train aigc_reclaim=no"  # opted out meanwhile
     [result] = Actuator(SlurmCli(runner=fake), store, CONFIG, clock=Clock()).reconcile()
     assert result.state == "skipped" and "opted out" in result.detail["skipped"]
