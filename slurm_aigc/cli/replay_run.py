@@ -28,7 +28,7 @@ from slurm_aigc.replay.runner import MODES, RunSettings, run_modes
 from slurm_aigc.replay.timescale import compression_report
 from slurm_aigc.replay.workload import Workload
 from slurm_aigc.replay.workload_files import read_workload, write_workload
-from slurm_aigc.report.figures import UsefulRule
+from slurm_aigc.report.figures import UsefulRule, useful_rules
 
 COMPARE_SHAPE = "a100:8x6,t4:4x10"
 # A backlogged run must not run out of jobs: the stream is generated with this much demand over
@@ -65,9 +65,15 @@ def local_run_settings(policy: Path | None, out_dir: Path, timeout_s: float = 18
                        duration_s=(duration_s or 0.0) if backlog else 0.0, db=db)
 
 
-def useful_rule(policy: Path | None) -> UsefulRule:
-    """What counts as useful SM time: the reclaim thresholds of the policy (the same for both runs)."""
-    return UsefulRule.of(load_site_policy(policy).reclaim.defaults)
+def useful_rule(policy: Path | None) -> tuple[UsefulRule, list[str]]:
+    """What counts as useful SM time: the reclaim defaults' thresholds of the policy (the same for
+    both runs), and a warning when classes set their own: the replay's samples are per GPU, and a
+    shared GPU's jobs can be of several classes, so only the report judges by class."""
+    default, by_class = useful_rules(load_site_policy(policy).reclaim)
+    if not by_class:
+        return default, []
+    return default, [f"warning: useful utilization judges every GPU by reclaim.defaults' thresholds; "
+                     f"{', '.join(sorted(by_class))} set their own (reclaim and `slurm-aigc report` use them)"]
 
 
 @click.command("run")
@@ -88,11 +94,11 @@ def run_workload_command(workload_path: Path, mode: str, policy: Path | None, ou
     """Run one workload file on the running local cluster and print its figures."""
     settings = local_run_settings(policy, out_dir, timeout_s, backlog=backlog, duration_s=duration_s, db=db)
     workload = read_workload(workload_path)
-    for line in compression_lines(workload, policy, duration_s if backlog else None):
+    rule, rule_notes = useful_rule(policy)
+    for line in [*compression_lines(workload, policy, duration_s if backlog else None), *rule_notes]:
         click.echo(line, err=True)
     cluster = LocalCluster(progress=_progress)
     [record] = run_modes(workload, [mode], settings, cluster, _progress)
-    rule = useful_rule(policy)
     figures = (backlog_of(record, rule) if backlog else metrics_of(record, rule)).to_dict()
     (out_dir / f"{mode}-metrics.json").write_text(json.dumps(figures, indent=1))
     for key, value in figures.items():
@@ -127,11 +133,11 @@ def compare(workload_path: Path | None, shape: str, policy: Path | None, out_dir
     workload = _workload(workload_path, generator, cluster)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_workload(workload, out_dir / "workload.csv")
-    reach = compression_lines(workload, policy, duration_s if backlog else None)
+    rule, rule_notes = useful_rule(policy)
+    reach = [*compression_lines(workload, policy, duration_s if backlog else None), *rule_notes]
     for line in reach:
         click.echo(line, err=True)
     stock, aigc = run_modes(workload, MODES, settings, cluster, _progress)
-    rule = useful_rule(policy)
     plot = plot_utilization([stock, aigc], out_dir / "utilization.png", useful=rule)
     extra = {
         "shape": shape, "jobs": len(workload.jobs), "workload": str(out_dir / "workload.csv"),

@@ -131,9 +131,10 @@ def report(ctx: click.Context, since: str, until: str, user: tuple[str, ...], ac
     if query.until <= query.since or chunk_hours <= 0:
         raise click.BadParameter("--until must be after --since and --chunk-hours positive")
     site = load_site_policy(policy, hook_sections=False)
+    useful, useful_by_class = figures.useful_rules(site.reclaim)
     params = figures.ReportParams(since_ts=query.since.timestamp(), until_ts=min(query.until, now).timestamp(),
                                   group_by=_group_keys(group_by), shards_per_gpu=_shards(shards_per_gpu, site),
-                                  useful=figures.UsefulRule.of(site.reclaim.defaults))
+                                  useful=useful, useful_by_class=useful_by_class)
     result = _summary(env, query, params, db_url, timedelta(hours=chunk_hours))
     click.echo(render.skipped_summary(result.skipped), err=True, nl=False)
     _emit(render.render_report(result, fmt), output)

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta, tzinfo
 
-from slurm_aigc.policy.model import ClassPolicy
+from slurm_aigc.policy.model import ClassPolicy, ReclaimConfig
 from slurm_aigc.report.records import ActionEvent, SampleSlice
 from slurm_aigc.report.sacct import JobRecord, SkippedRow
 from slurm_aigc.report.tres import gpu_equivalents, gpu_type_of
@@ -72,6 +72,14 @@ class UsefulRule:
 DEFAULT_USEFUL_RULE = UsefulRule.of(ClassPolicy())
 
 
+def useful_rules(policy: ReclaimConfig) -> tuple[UsefulRule, dict[str, UsefulRule]]:
+    """The defaults' rule and each class's own where it sets other thresholds: a class's
+    `busy_util_pct` of 90 makes its 92 % SM at low power fake-busy to reclaim, so to the report too."""
+    default = UsefulRule.of(policy.defaults)
+    by_class = {name: UsefulRule.of(p) for name, p in policy.classes.items()}
+    return default, {name: rule for name, rule in by_class.items() if rule != default}
+
+
 @dataclass(frozen=True)
 class ReportParams:
     """What a report covers and how it groups; `tz` decides day boundaries (None: local)."""
@@ -83,6 +91,11 @@ class ReportParams:
     shards_per_gpu: Mapping[str, int] = field(default_factory=dict)
     tz: tzinfo | None = None
     useful: UsefulRule = DEFAULT_USEFUL_RULE
+    # Classes whose reclaim thresholds differ from the defaults' (`useful_rules`).
+    useful_by_class: Mapping[str, UsefulRule] = field(default_factory=dict)
+
+    def useful_for(self, job_class: str) -> UsefulRule:
+        return self.useful_by_class.get(job_class, self.useful)
 
 
 @dataclass(frozen=True)
@@ -324,9 +337,9 @@ class Aggregator:
             # a segment without GPU-hours (unresolved shards, no GPUs) has nothing to use.
             share = min(1.0, segment.gpus)
             if share > 0:
-                self._add_cells(job, index, share, piece)
+                self._add_cells(job, index, share, piece, self._p.useful_for(segment.attrs[_CLASS]))
 
-    def _add_cells(self, job: str, index: int, share: float, piece: SampleSlice) -> None:
+    def _add_cells(self, job: str, index: int, share: float, piece: SampleSlice, rule: UsefulRule) -> None:
         start = max(piece.ts, self._p.since_ts)
         end = min(piece.ts + piece.duration_s, self._p.until_ts)
         if end <= start:
@@ -334,7 +347,7 @@ class Aggregator:
         if job != self._job:
             self._pass_job(job)
         self._check_not_capped(job, start, end)
-        used, useful, unjudged = self._fractions(piece, share)
+        used, useful, unjudged = self._fractions(piece, share, rule)
         for hour, day, seconds in self._cuts(start, end):
             sums = self._cells.get((index, hour, day))
             if sums is None:
@@ -367,10 +380,10 @@ class Aggregator:
         """Cells not capped yet: the current job's (see `add_slices`)."""
         return len(self._cells)
 
-    def _fractions(self, piece: SampleSlice, share: float) -> tuple[float, float, float]:
+    @staticmethod
+    def _fractions(piece: SampleSlice, share: float, rule: UsefulRule) -> tuple[float, float, float]:
         """(used, useful, busy-but-unjudged) GPUs of a sample, each at most the job's share of the GPU."""
         util = piece.sm_util_pct or 0.0
-        rule = self._p.useful
         used = min(util / 100.0, share)
         useful = min((rule.useful_pct(util, piece.power_draw_w, piece.power_limit_w) or 0.0) / 100.0, used)
         unjudged = share if rule.unjudged(util, piece.power_draw_w, piece.power_limit_w) else 0.0
@@ -469,7 +482,8 @@ class Aggregator:
             count = len(self._total.gpu_jobs - self._total.sampled_jobs)
             notes.append(f"{count} GPU job(s) have no samples: their GPU-hours are left out of used/idle/efficiency")
         if self._total.unjudged_gpu_s > 0:
-            notes.append(f"{self._total.unjudged_gpu_s / 3600:.3f} GPU-hours at >= {self._p.useful.busy_util_pct:g} % SM had no "
+            busy = min([self._p.useful.busy_util_pct, *(r.busy_util_pct for r in self._p.useful_by_class.values())])
+            notes.append(f"{self._total.unjudged_gpu_s / 3600:.3f} GPU-hours at >= {busy:g} % SM had no "
                          "power reading (rolled-up hours, GPUs without power): counted as useful, fake-busy or not")
         if self._unresolved_shard_jobs:
             notes.append(f"{len(self._unresolved_shard_jobs)} job(s) hold shards of an unknown GPU type: "

@@ -261,3 +261,20 @@ def test_backlog_needs_a_positive_duration_before_any_cluster_is_touched(tmp_pat
     path.write_text(HAND_WRITTEN)
     run = CliRunner().invoke(replay, ["run", "--workload", str(path), "--backlog", "2"])
     assert run.exit_code == 2 and "--backlog needs --duration-s" in run.output
+
+
+
+def test_the_replay_says_when_classes_judge_waste_by_other_thresholds(tmp_path: Path) -> None:
+    # The replay's samples are per GPU, so its useful figure uses the defaults' thresholds; a
+    # policy whose train class has its own busy_util_pct must say so, not count silently.
+    from slurm_aigc.cli import replay_run
+
+    shipped = tmp_path / "shipped.yaml"
+    shipped.write_text((Path(__file__).resolve().parents[2] / "etc" / "slurm-aigc.yaml").read_text())
+    assert replay_run.useful_rule(shipped)[1] == []
+    site = tmp_path / "site.yaml"
+    site.write_text(shipped.read_text().replace("  classes:\n    train:\n",
+                                                "  classes:\n    train:\n      busy_util_pct: 90\n", 1))
+    rule, notes = replay_run.useful_rule(site)
+    assert rule.busy_util_pct == 95  # the defaults'
+    assert len(notes) == 1 and "train set their own" in notes[0]

@@ -22,6 +22,7 @@ from slurm_aigc.report.figures import (
     build_report,
     job_view,
     split_by_day,
+    useful_rules,
 )
 from slurm_aigc.report.records import ActionEvent, SampleSlice
 from slurm_aigc.report.sacct import JobRecord, parse_sacct_output
@@ -319,7 +320,7 @@ class _Reference(Aggregator):
             share = min(1.0, segment.gpus)
             if share <= 0:
                 continue
-            used, useful, unjudged = self._fractions(piece, share)
+            used, useful, unjudged = self._fractions(piece, share, self._p.useful_for(segment.attrs[_CLASS]))
             start = max(piece.ts, self._p.since_ts)
             for hour, day, seconds in self._cuts(start, min(piece.ts + piece.duration_s, self._p.until_ts)):
                 sums = self._all_cells.get((job, index, hour, day))
@@ -552,3 +553,25 @@ def test_a_job_whose_samples_come_apart_is_an_error_not_other_figures() -> None:
     pieces = slices_for("5", "2026-11-30T10:00:00", 60, 50.0) + slices_for("6", "2026-11-30T13:00:00", 60, 50.0)
     with pytest.raises(ValueError, match="samples of job 5 out of order"):
         build_report(params(), jobs, pieces + slices_for("5", "2026-11-30T10:30:00", 1, 50.0))
+
+
+def test_a_class_with_its_own_reclaim_thresholds_is_judged_by_them(tmp_path: Path) -> None:
+    # reclaim.classes.train.busy_util_pct: 90 makes reclaim call 92 % SM at 150 W of 700 W
+    # fake-busy for a train job; the report counted that hour as useful work by the defaults' 95 %.
+    from slurm_aigc.policy.loader import load_policy
+
+    shipped = (Path(__file__).resolve().parents[2] / "etc" / "slurm-aigc.yaml").read_text()
+    policy_file = tmp_path / "site.yaml"
+    policy_file.write_text(shipped.replace("  classes:\n    train:\n", "  classes:\n    train:\n      busy_util_pct: 90\n", 1))
+    reclaim = load_policy(policy_file).reclaim
+    assert reclaim.policy_for("train").busy_util_pct == 90  # the edit took
+    useful, by_class = useful_rules(reclaim)
+    assert set(by_class) == {"train"}  # infer overrides only its window: the defaults' rule
+    start = ts("2026-11-30T01:00:00")
+    hung = [_slice(start, 92.0, 150.0, 700.0)]
+    judged = ReportParams(since_ts=params().since_ts, until_ts=params().until_ts, tz=UTC, useful=useful,
+                          useful_by_class=by_class)
+    train = record("901", "2026-11-30T01:00:00", "2026-11-30T02:00:00", "gres/gpu=1", cls="train")
+    assert build_report(judged, [train], hung).total.gpu_hours_useful == pytest.approx(0.0)
+    infer = record("901", "2026-11-30T01:00:00", "2026-11-30T02:00:00", "gres/gpu=1", cls="infer")
+    assert build_report(judged, [infer], hung).total.gpu_hours_useful == pytest.approx(0.92)  # 92 < 95: work
