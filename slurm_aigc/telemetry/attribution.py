@@ -10,7 +10,8 @@ names its step in its command line (`slurmstepd: [123.batch]`); then Slurm's own
 lookup (`scontrol pidinfo <pid>`, which asks the slurmd of this host, not slurmctld, and
 so fails when several slurmd share a host, as on the local cluster). Results are cached
 per (pid, process start time) for `ttl_s`, so a reused pid is never mistaken for the old
-process. A process's own `SLURM_JOB_ID` is not used: a process can rewrite its environment.
+process; a failed `scontrol pidinfo` (an error, not an answer) only for `retry_s`.
+A process's own `SLURM_JOB_ID` is not used: a process can rewrite its environment.
 
 job -> GPU indices (`JobAllocations`), in order: the record the shipped Prolog wrote for
 the job on this node (root-owned, see `daemon/slurm-aigc-jobrecord`); else one lookup per
@@ -24,9 +25,10 @@ Slurm 24.11's Prolog gets no GPU list after `scontrol reconfigure`, for GPU jobs
 Splitting a shared GPU (shards, MPS, or several jobs on one GPU) between jobs:
 each job's memory is the sum of its processes' memory. The GPU's SM utilization (the
 authority: per-process samples cover different windows) is split in proportion to
-each process's own SM utilization when NVML gave one for every process on that GPU,
-else in proportion to used memory, else evenly per process. Processes that belong to no
-job keep their share (it is not handed to the jobs). `shared` is true when more than
+each process's own SM utilization when NVML gave one for any process on that GPU (a
+process without a sample counts 0: NVML keeps none for a process idle since the last
+read), else in proportion to used memory, else evenly per process. Processes that belong
+to no job keep their share (it is not handed to the jobs). `shared` is true when more than
 one job has processes on (or is allocated) the GPU.
 """
 
@@ -142,10 +144,12 @@ class Attributor:
         proc: ProcView,
         ttl_s: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
+        retry_s: float = 60.0,
     ) -> None:
         self.slurm = slurm
         self.proc = proc
         self.ttl_s = ttl_s
+        self.retry_s = retry_s
         self.clock = clock
         self._cache: dict[int, _Entry] = {}
 
@@ -156,8 +160,11 @@ class Attributor:
         entry = self._cache.get(pid)
         if entry is not None and entry.expires_s > now and entry.start_ticks == ticks:
             return entry.job_id
-        job_id = self._lookup(pid)
-        self._cache[pid] = _Entry(job_id, ticks, now + self.ttl_s)
+        job_id, answered = self._lookup(pid)
+        # A failed lookup is not "no job": kept for `ttl_s`, the job's own work would read as a
+        # stranger's for minutes. Kept `retry_s`, so a hung slurmd costs one timeout per pid per
+        # `retry_s`, not per poll.
+        self._cache[pid] = _Entry(job_id, ticks, now + (self.ttl_s if answered else self.retry_s))
         return job_id
 
     def jobs_of(self, pids: Iterable[int]) -> dict[int, str | None]:
@@ -166,17 +173,18 @@ class Attributor:
         self._cache = {pid: e for pid, e in self._cache.items() if e.expires_s > now}
         return {pid: self.job_of(pid) for pid in pids}
 
-    def _lookup(self, pid: int) -> str | None:
+    def _lookup(self, pid: int) -> tuple[str | None, bool]:
+        """(job id or None, whether that is an answer rather than a failed `scontrol pidinfo`)."""
         job_id = job_from_cgroup(self.proc.cgroup(pid) or "")
         if job_id is None:
             job_id = job_from_ancestry(self.proc, pid)
         if job_id is not None or self.slurm is None:
-            return job_id
+            return job_id, True
         try:
-            return self.slurm.job_of_pid(pid)
+            return self.slurm.job_of_pid(pid), True
         except AigcError as error:
-            LOG.warning("scontrol pidinfo %d failed: %s", pid, error)
-            return None
+            LOG.warning("scontrol pidinfo %d failed (asking again in %.0fs): %s", pid, self.retry_s, error)
+            return None, False
 
 
 # --------------------------------------------------------------------------- job -> GPUs
@@ -346,7 +354,7 @@ class JobGpuUsage:
     job_id: str
     gpu_index: int
     sm_util_pct: float | None
-    memory_used_mib: float
+    memory_used_mib: float | None  # None: unknown (work on the GPU that NVML shows under no job)
     shared: bool
     pids: tuple[int, ...]
 
@@ -383,7 +391,10 @@ def _gpu_rows(gpu: GpuReading, pid_jobs: Mapping[int, str | None], allocated: se
     # Work NVML shows under no job (no process list at all, MPS clients, another container's
     # pids, a pid whose job lookup failed) may be an allocated job's: it must never read as that
     # job's idleness, which reclaim would act on. A GPU Slurm gave one job alone is that job's
-    # whole; among several, a job with nothing attributed is unknown, not idle.
+    # whole; among several, a job with nothing attributed is unknown, not idle. Its memory is
+    # unknown either way: that work may be a stranger's (a user's process outside any job, a
+    # finished job's stray), and charging it to the job would get the memory guard to requeue
+    # the innocent job and leave the hog running.
     unexplained = any(pid_jobs.get(p.pid) is None for p in gpu.processes) or (
         not gpu.processes and (gpu.sm_util_pct or 0.0) > 0.0)
     rows = []
@@ -392,7 +403,7 @@ def _gpu_rows(gpu: GpuReading, pid_jobs: Mapping[int, str | None], allocated: se
         if not positions and unexplained:
             alone = len(jobs) == 1
             util = gpu.sm_util_pct if alone else None
-            rows.append(JobGpuUsage(job, gpu.index, util, (gpu.memory_used_mib or 0.0) if alone else 0.0, shared, ()))
+            rows.append(JobGpuUsage(job, gpu.index, util, None, shared, ()))
             continue
         share = sum(weights[p] for p in positions) / total if total > 0 else 0.0
         util = None if gpu.sm_util_pct is None else round(gpu.sm_util_pct * share, 3)
@@ -403,12 +414,15 @@ def _gpu_rows(gpu: GpuReading, pid_jobs: Mapping[int, str | None], allocated: se
 
 
 def _process_weights(processes: Sequence[GpuProcess]) -> list[float]:
-    """Per-process weights: own SM util if known for all, else memory, else equal."""
+    """Per-process weights: own SM util if known for any (a process without a sample counts 0),
+    else memory, else equal."""
     if not processes:
         return []
-    utils = [p.sm_util_pct for p in processes]
-    if all(u is not None for u in utils) and sum(u or 0.0 for u in utils) > 0:
-        return [float(u or 0.0) for u in utils]
+    # NVML keeps no sample for a process idle since the last read: weighing all by memory then
+    # would hand an idle process holding much memory the busy one's work, and reclaim its job.
+    utils = [p.sm_util_pct or 0.0 for p in processes]
+    if sum(utils) > 0:
+        return utils
     memory = [p.used_memory_mib or 0.0 for p in processes]
     if sum(memory) > 0:
         return memory

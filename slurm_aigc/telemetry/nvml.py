@@ -4,8 +4,11 @@ Shaped after nvitop's `libnvml`: NVML is initialised lazily (on `start()` or the
 `read()`) and shut down at exit; one query helper turns "not supported", "no permission"
 and "function not found" into `None` for that field only (a missing symbol is logged
 once); any other NVML error while reading a GPU turns that GPU's record into
-`lost=True` with the error, and the poll goes on with the next GPU. A missing library or
-driver is `NvmlUnavailableError` at start-up, never a per-poll error.
+`lost=True` with the error, and the poll goes on with the next GPU. Per-process SM,
+temperature and NVLink state are extras the record can do without: an error there that
+does not say the GPU (or the session) is gone makes only that field unavailable (None,
+or no NVLinks), logged once per GPU, function and error. A missing library or driver is
+`NvmlUnavailableError` at start-up, never a per-poll error.
 
 A GPU in MIG mode (`nvmlDeviceGetMigMode`, current mode enabled; A100/H100/H200) is read
 as a device only: name, UUID, memory total, power, temperature and NVLinks. Its instances
@@ -85,6 +88,7 @@ class NvmlBackend:
         self._started = False
         self._missing_logged: set[str] = set()
         self._mig_logged: set[str] = set()
+        self._unavailable_logged: set[tuple[int, str, int]] = set()
         self._last_sample_us: dict[int, int] = {}
 
     # -- life cycle
@@ -159,9 +163,13 @@ class NvmlBackend:
             self._read_use(handle, index, memory, fields)
         fields["power_draw_w"] = _milli(self._query("nvmlDeviceGetPowerUsage", handle))
         fields["power_limit_w"] = _milli(self._query("nvmlDeviceGetEnforcedPowerLimit", handle))
-        temperature = self._query("nvmlDeviceGetTemperature", handle, nvml.NVML_TEMPERATURE_GPU)
+        try:
+            temperature = self._query("nvmlDeviceGetTemperature", handle, nvml.NVML_TEMPERATURE_GPU)
+        except nvml.NVMLError as error:
+            self._field_unavailable(index, "nvmlDeviceGetTemperature", error)
+            temperature = None
         fields["temperature_c"] = None if temperature is None else float(temperature)
-        fields["nvlink"] = self._nvlinks(handle)
+        fields["nvlink"] = self._nvlinks(handle, index)
 
     def _read_use(self, handle: Any, index: int, memory: Any, fields: dict[str, Any]) -> None:
         """Memory used, utilization and processes: the fields a job's use is read from."""
@@ -208,14 +216,16 @@ class NvmlBackend:
         )
 
     def _process_sm_util(self, handle: Any, index: int) -> dict[int, float]:
-        # Samples since the previous poll; NOT_FOUND means "no sample in that window".
+        # Samples since the previous poll; NOT_FOUND means "no sample in that window". Other
+        # errors happen on a healthy GPU too: INSUFFICIENT_SIZE when a process gains a sample
+        # between pynvml's sizing call and its fill call.
         since_us = self._last_sample_us.get(index, 0)
         try:
             samples = self._query("nvmlDeviceGetProcessUtilization", handle, since_us) or []
         except self._nvml.NVMLError as error:
-            if error.value == self._nvml.NVML_ERROR_NOT_FOUND:
-                return {}
-            raise
+            if error.value != self._nvml.NVML_ERROR_NOT_FOUND:
+                self._field_unavailable(index, "nvmlDeviceGetProcessUtilization", error)
+            return {}
         latest: dict[int, tuple[int, float]] = {}
         for sample in samples:
             if sample.pid not in latest or sample.timeStamp >= latest[sample.pid][0]:
@@ -224,8 +234,9 @@ class NvmlBackend:
             self._last_sample_us[index] = max(ts for ts, _ in latest.values())
         return {pid: util for pid, (_, util) in latest.items()}
 
-    def _nvlinks(self, handle: Any) -> tuple[NvLinkState, ...]:
-        """`nvidia-smi nvlink --status`: links 0.. until the first unsupported one."""
+    def _nvlinks(self, handle: Any, index: int) -> tuple[NvLinkState, ...]:
+        """`nvidia-smi nvlink --status`: links 0.. until the first unsupported one; none when a
+        link's state cannot be read (a partial list would read as links down)."""
         nvml = self._nvml
         states = []
         for link in range(nvml.NVML_NVLINK_MAX_LINKS):
@@ -234,7 +245,8 @@ class NvmlBackend:
             except nvml.NVMLError as error:
                 if error.value == nvml.NVML_ERROR_INVALID_ARGUMENT:
                     break  # past this GPU's last link on some drivers
-                raise
+                self._field_unavailable(index, "nvmlDeviceGetNvLinkState", error)
+                return ()
             if state is None:
                 break
             states.append(NvLinkState(link, state == nvml.NVML_FEATURE_ENABLED))
@@ -256,6 +268,20 @@ class NvmlBackend:
             if error.value in (nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_NO_PERMISSION):
                 return None
             raise
+
+    def _field_unavailable(self, index: int, name: str, error: Any) -> None:
+        """Re-raise an error that says the GPU or the session is gone (the GPU reads lost);
+        else the field is unavailable this poll: logged once per GPU, function and error."""
+        nvml = self._nvml
+        gone = (nvml.NVML_ERROR_GPU_IS_LOST, nvml.NVML_ERROR_RESET_REQUIRED, nvml.NVML_ERROR_UNINITIALIZED,
+                nvml.NVML_ERROR_DRIVER_NOT_LOADED)
+        if error.value in gone:
+            raise error
+        key = (index, name, int(error.value))
+        if key not in self._unavailable_logged:
+            self._unavailable_logged.add(key)
+            LOG.warning("GPU %d: %s failed (%s, NVML error %d); that field reads as not available "
+                        "(logged once)", index, name, error, error.value)
 
     def _log_missing(self, name: str, why: str) -> None:
         if name not in self._missing_logged:

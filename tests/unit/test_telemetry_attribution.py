@@ -177,10 +177,17 @@ def test_shared_gpu_split_by_process_sm_util_when_known() -> None:
     ]
 
 
-def test_shared_gpu_split_by_memory_when_any_process_util_unknown() -> None:
-    gpu = GpuReading(0, sm_util_pct=80.0, processes=(GpuProcess(1, 1000.0, 60.0), GpuProcess(2, 3000.0, None)))
+def test_shared_gpu_split_by_memory_when_no_process_util_known() -> None:
+    gpu = GpuReading(0, sm_util_pct=80.0, processes=(GpuProcess(1, 1000.0, None), GpuProcess(2, 3000.0, None)))
     rows = job_gpu_usage(node(gpu), {1: "a", 2: "b"})
     assert [(r.job_id, r.sm_util_pct) for r in rows] == [("a", 20.0), ("b", 60.0)]
+
+
+def test_shared_gpu_process_without_a_sample_gets_none_of_the_sampled_work() -> None:
+    # NVML keeps no sample for a process idle since the last read (test_attribution_shared.py).
+    gpu = GpuReading(0, sm_util_pct=80.0, processes=(GpuProcess(1, 1000.0, 60.0), GpuProcess(2, 3000.0, None)))
+    rows = job_gpu_usage(node(gpu), {1: "a", 2: "b"})
+    assert [(r.job_id, r.sm_util_pct) for r in rows] == [("a", 80.0), ("b", 0.0)]
 
 
 def test_unattributed_process_keeps_its_share() -> None:
@@ -207,6 +214,9 @@ def test_allocations_add_zero_rows_and_lost_gpus_are_skipped() -> None:
 def test_work_nvml_shows_under_no_job_never_reads_as_an_allocated_jobs_idleness() -> None:
     # Seen on a real H100 in a k8s pod: 74 GB used, "No running processes found". MPS clients
     # and pids whose job lookup failed look the same. A 0 % row here gets a busy job requeued.
+    # The memory of such rows is unknown (None), not the GPU's: the same picture is a user's
+    # process outside any job beside an idle job, and charging that job would get the memory
+    # guard to requeue it instead of the hog (test_attribution_shared.py).
     reading = node(
         GpuReading(0, sm_util_pct=97.0, memory_used_mib=74000.0),  # no process list
         GpuReading(1, sm_util_pct=60.0, processes=(GpuProcess(7, 5000.0, None),)),  # pid 7: job unknown
@@ -215,7 +225,7 @@ def test_work_nvml_shows_under_no_job_never_reads_as_an_allocated_jobs_idleness(
     )
     rows = job_gpu_usage(reading, {7: None}, allocations={"a": [0, 1, 3], "s1": [2], "s2": [2]})
     assert [(r.gpu_index, r.job_id, r.sm_util_pct, r.memory_used_mib) for r in rows] == [
-        (0, "a", 97.0, 74000.0), (1, "a", 60.0, 0.0), (2, "s1", None, 0.0), (2, "s2", None, 0.0), (3, "a", 0.0, 0.0)]
+        (0, "a", 97.0, None), (1, "a", 60.0, None), (2, "s1", None, None), (2, "s2", None, None), (3, "a", 0.0, 0.0)]
 
 
 def test_util_unknown_stays_unknown() -> None:

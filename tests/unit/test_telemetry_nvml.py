@@ -75,6 +75,40 @@ def test_handle_error_also_marks_the_gpu_lost() -> None:
     assert not reading.gpus[1].lost
 
 
+def quirky(errors: dict[int, dict[str, int]]) -> fakes.FakeMachine:
+    """A DGX A100 whose GPUs raise the given NVML errors ({gpu index: {function: error code}})."""
+    machine = fakes.dgx_a100()
+    gpus = [replace(gpu, errors=errors.get(gpu.index, {})) for gpu in machine.gpus]
+    return replace(machine, gpus=tuple(gpus))
+
+
+def test_an_optional_field_failing_leaves_the_gpu_and_its_other_fields(caplog: pytest.LogCaptureFixture) -> None:
+    # INSUFFICIENT_SIZE: a process gained a sample between pynvml's sizing and fill calls.
+    source, _ = backend(quirky({
+        1: {"nvmlDeviceGetProcessUtilization": pynvml.NVML_ERROR_INSUFFICIENT_SIZE},
+        2: {"nvmlDeviceGetTemperature": pynvml.NVML_ERROR_UNKNOWN},
+        3: {"nvmlDeviceGetNvLinkState": pynvml.NVML_ERROR_UNKNOWN},
+    }))
+    with caplog.at_level(logging.WARNING):
+        reading = source.read()
+        source.read()
+    assert not any(g.lost for g in reading.gpus)
+    gpu1 = reading.gpus[1]
+    assert (gpu1.sm_util_pct, gpu1.memory_used_mib, gpu1.temperature_c) == (90.0, 20480.0, 63.0)
+    assert [(p.pid, p.used_memory_mib, p.sm_util_pct) for p in gpu1.processes] == [
+        (5001, 12288.0, None), (5002, 8192.0, None)]
+    assert reading.gpus[2].temperature_c is None and reading.gpus[2].active_nvlinks == 12
+    assert reading.gpus[3].nvlink == () and reading.gpus[3].temperature_c == 35.0
+    logged = [r.getMessage() for r in caplog.records if "not available" in r.getMessage()]
+    assert len(logged) == 3  # once per GPU and error, not every poll
+
+
+def test_an_optional_field_saying_the_gpu_is_lost_still_marks_it_lost() -> None:
+    reading = backend(quirky({1: {"nvmlDeviceGetProcessUtilization": pynvml.NVML_ERROR_GPU_IS_LOST},
+                              2: {"nvmlDeviceGetNvLinkState": pynvml.NVML_ERROR_GPU_IS_LOST}}))[0].read()
+    assert [g.index for g in reading.gpus if g.lost] == [1, 2]
+
+
 def test_unsupported_fields_read_as_not_available_only_for_that_field(caplog: pytest.LogCaptureFixture) -> None:
     source, _ = backend(fakes.field_unsupported())
     with caplog.at_level(logging.WARNING):
