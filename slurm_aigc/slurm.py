@@ -387,12 +387,22 @@ class SlurmCli:
         self.run("scontrol", ["notify", str(job_id), message])
 
     def job_of_pid(self, pid: int) -> str | None:
-        """`scontrol pidinfo PID` -> job id, or None when the pid is not in a Slurm job."""
+        """`scontrol pidinfo PID` -> job id, or None when the pid is not in a Slurm job.
+
+        scontrol says `Failed to locate job for requested pid` for every failure of its slurmd
+        lookup; anything else it says on a non-zero exit (a configuration it cannot read,
+        `scontrol: error: ...`) is an error, not "no job" (SlurmCommandError), so the caller
+        asks again soon instead of keeping the pid jobless.
+        """
         result = self._runner(["scontrol", "pidinfo", str(pid)], self._timeout_s)
         match = re.search(r"Slurm JobId=(\d+)|JobId=(\d+)", result.stdout)
-        if result.returncode != 0 or not match:
-            return None
-        return match.group(1) or match.group(2)
+        if result.returncode == 0 and match:
+            return match.group(1) or match.group(2)
+        said = [line for line in _lines(result.stderr + "\n" + result.stdout)
+                if line.strip() and not line.startswith("Failed to locate job for requested pid")]
+        if result.returncode != 0 and said:
+            raise SlurmCommandError(result.argv, result.returncode, "\n".join(said))
+        return None
 
     def reconfigure(self) -> None:
         """`scontrol reconfigure` (forgets features/weights set by `scontrol update`)."""

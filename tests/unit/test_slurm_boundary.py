@@ -200,6 +200,23 @@ def test_version_and_pidinfo() -> None:
     assert SlurmCli(runner).job_of_pid(1) is None
 
 
+@pytest.mark.parametrize(("stderr", "jobless"), [
+    ("Failed to locate job for requested pid\n", True),  # what 22.05.8 prints for a pid in no job
+    ("scontrol: error: s_p_parse_file: cannot stat file /etc/slurm/slurm.conf\nscontrol: fatal: Unable to process "
+     "configuration file\nFailed to locate job for requested pid\n", False),
+])
+def test_pidinfo_tells_no_job_from_a_failed_lookup(stderr: str, jobless: bool) -> None:
+    # A failed lookup read as "no job" was cached for minutes: the job's work read as a stranger's.
+    def runner(argv: object, timeout_s: float, stdin: str | None = None) -> CommandResult:
+        return CommandResult(tuple(argv), 1, "", stderr)  # type: ignore[call-overload]
+
+    if jobless:
+        assert SlurmCli(runner).job_of_pid(77) is None
+    else:
+        with pytest.raises(SlurmCommandError, match="Unable to process configuration"):
+            SlurmCli(runner).job_of_pid(77)
+
+
 def test_parse_helpers() -> None:
     assert parse_duration_s("00:05") == 5
     assert parse_duration_s("2-00:00:01") == 2 * 86400 + 1

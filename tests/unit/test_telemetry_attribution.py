@@ -76,7 +76,7 @@ class FakeRunner:
         if pid in self.jobs:
             out = f"Slurm JobId={self.jobs[pid]} ends at Wed Dec 02 18:00:00 2026\nJob remaining time is 3000 seconds\n"
             return CommandResult(tuple(args), 0, out, "")
-        return CommandResult(tuple(args), 1, "", f"slurm_pid2jobid: Process not managed by Slurm: pid {pid}\n")
+        return CommandResult(tuple(args), 1, "", "Failed to locate job for requested pid\n")  # as 22.05.8 says
 
 
 def proc(root: Path, pid: int, cgroup: str, start_ticks: int = 100) -> None:
