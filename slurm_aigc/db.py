@@ -691,6 +691,7 @@ def _short(error: SQLAlchemyError, url: str) -> str:
 PRIVILEGE_PROBES: dict[str, str] = {
     "add samples": "INSERT INTO job_gpu_samples (ts, node, job_id, gpu_index, shared) SELECT 0, '', '', 0, FALSE{dual} WHERE 1 = 0",
     "read samples": "SELECT job_id, sm_util_pct FROM job_gpu_samples WHERE 1 = 0",
+    "read actions": "SELECT id FROM actions WHERE 1 = 0",  # the audit trail: whose jobs were acted on
     "write actions": "INSERT INTO actions (observation_key, ts_intent, job_id, verdict, action, step, dry_run, state, "
                      "detail) SELECT '', 0, '', '', '', 0, FALSE, '', ''{dual} WHERE 1 = 0",
     "write publications": "INSERT INTO node_publications (ts, node, reason, dry_run) SELECT 0, '', '', FALSE{dual} WHERE 1 = 0",

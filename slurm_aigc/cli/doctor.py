@@ -5,6 +5,10 @@ check gives one line: the database (reachable, schema, what the role can and can
 Slurm (slurmctld answers, rights to update nodes and jobs), NVML (agent), the policy, the
 Prolog piece (agent), the clock against the database server, and (controller) whether this
 Slurm has the 22.05 shard defect. Exit 1 when any check fails.
+
+It checks what the role's systemd unit (daemon/slurm-aigc-<role>.service) will run with, not
+the admin's shell: the database URL from the unit's EnvironmentFile= when the shell sets none,
+the Slurm rights of the unit's User=.
 """
 
 from __future__ import annotations
@@ -12,12 +16,17 @@ from __future__ import annotations
 import glob
 import os
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import click
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
-from slurm_aigc.errors import AigcError
+from slurm_aigc import db
+from slurm_aigc.errors import AigcError, DatabaseError
+from slurm_aigc.shipped import AGENT_UNIT, CONTROLLER_UNIT, shipped_file
 
 MAX_SKEW_S = 2.0  # idle windows are minutes, but samples and actions are ordered by these clocks
 # The job record script's name: in our script itself (a link to it reads the same) and in a
@@ -26,21 +35,51 @@ JOB_RECORD_MARK = "slurm-aigc-jobrecord"
 
 # What each role must and must not be able to do (docs/deploy.md, "Database roles").
 EXPECTED: dict[str, dict[str, bool]] = {
-    "agent": {"add samples": True, "write actions": False, "write publications": False,
-              "update rows": False, "delete samples": False},
-    "controller": {"add samples": True, "read samples": True, "write actions": True,
+    "agent": {"add samples": True, "read samples": False, "read actions": False, "write actions": False,
+              "write publications": False, "update rows": False, "delete samples": False},
+    "controller": {"add samples": True, "read samples": True, "read actions": True, "write actions": True,
                    "write publications": True, "update rows": True, "delete samples": True},
 }
+UNITS = {"agent": AGENT_UNIT, "controller": CONTROLLER_UNIT}
+# The environment keys naming the database, in the order `db.default_url` reads them.
+URL_KEYS = ("SLURM_AIGC_DB_URL", "SLURM_AIGC_DB_URL_FILE")
+
+
+def assignments(text: str) -> dict[str, str]:
+    """The KEY=VALUE lines of a systemd EnvironmentFile= (or a unit's settings), the last one of a
+    key winning: `#`/`;` comment lines and quotes around a value are dropped, nothing is expanded
+    or run. A line systemd would ignore as invalid (`export KEY=...`) is ignored here too."""
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key.isidentifier():
+            continue
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        found[key] = value
+    return found
+
+
+def unit_settings(role: str) -> dict[str, str]:
+    """The settings of the role's shipped unit, the one place that says as whom it runs."""
+    return assignments(shipped_file(UNITS[role]).read_text(encoding="utf-8"))
+
+
+def unit_environment_file(role: str) -> str:
+    # `EnvironmentFile=-/etc/default/slurm-aigc`: the `-` only says the file may be absent.
+    return unit_settings(role)["EnvironmentFile"].lstrip("-")
 
 
 @dataclass(frozen=True)
 class Finding:
-    """One check's verdict: `fix` says what to do when it failed."""
+    """One check's verdict: `fix` says what to do when it failed (or, with `warning`, when it would)."""
 
     check: str
     ok: bool
     detail: str
     fix: str = ""
+    warning: bool = False  # passes, but `fix` says when it would not
 
 
 @dataclass
@@ -52,33 +91,96 @@ class DoctorEnv:
     server_time: Callable[[object], float | None]
     slurm_config: Callable[[], dict[str, str]]
     slurm_ping: Callable[[], bool]
-    slurm_admin_level: Callable[[], str]
+    slurm_admin_level: Callable[[str], str]  # a user's AdminLevel in slurmdbd
     nvml_gpus: Callable[[], int]
     load_policy: Callable[[str | None], object]
     read_text: Callable[[str], str]
     # slurm.conf's Prolog= and Epilog= may be a glob (e.g. /etc/slurm/prolog.d/*): the files it names.
     expand: Callable[[str], list[str]] = lambda pattern: sorted(glob.glob(pattern))
     clock: Callable[[], float] = time.time
-    euid: Callable[[], int] = os.geteuid
+    # Where the daemon's database URL comes from when this shell names none (`database_url`).
+    environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
+    environment_file: Callable[[str], str] = unit_environment_file
+    default_url: Callable[[], str] = db.default_url
+
+
+def database_url(env: DoctorEnv, role: str, option: str | None) -> tuple[str, str]:
+    """The URL the role's daemon opens, and where it came from: `--db`, else `db.default_url` over
+    the daemon's environment. systemd gives the daemon its unit's EnvironmentFile=, not the
+    admin's shell: that file is read unless the shell sets a key itself."""
+    if option:
+        return db.resolve_url(option), "--db"
+    settings, where = env.environ, "the environment"
+    if not any(settings.get(key) for key in URL_KEYS):
+        path = env.environment_file(role)
+        settings, where = _environment_file(path), path
+    if settings.get("SLURM_AIGC_DB_URL"):
+        return settings["SLURM_AIGC_DB_URL"], f"SLURM_AIGC_DB_URL in {where}"
+    if named := settings.get("SLURM_AIGC_DB_URL_FILE"):
+        return db.read_url_file(Path(named)), f"{named}, named by SLURM_AIGC_DB_URL_FILE in {where}"
+    url = env.default_url()
+    return url, "the single-host SQLite default" if url == db.DEFAULT_DB_URL else str(db.DEFAULT_URL_FILE)
+
+
+def _environment_file(path: str) -> dict[str, str]:
+    try:
+        return assignments(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}  # the units' `EnvironmentFile=-...`: optional
+    except (OSError, UnicodeDecodeError) as error:
+        raise DatabaseError(f"cannot read {path}, the daemon's environment: {error}") from error
+
+
+def _sqlite_file(url: str) -> str | None:
+    """The file of a SQLite URL (None for a server or an in-memory database)."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return None  # open_db says what is wrong with it
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return parsed.database
 
 
 def check_database(env: DoctorEnv, role: str, db_url: str | None) -> list[Finding]:
+    fix = "check the URL file (docs/deploy.md, step 1) and the server"
     try:
-        factory = env.open_db(db_url)
+        url, source = database_url(env, role, db_url)
     except AigcError as error:
-        return [Finding("database", False, str(error), "check the URL file (docs/deploy.md, step 1) and the server")]
-    findings = [Finding("database", True, "reachable, schema current")]
+        return [Finding("database", False, str(error), fix)]
+    sqlite = _sqlite_file(url)
+    # Opening creates a missing SQLite file: doctor, run as root, would leave the daemon a
+    # root-owned file it cannot write, and hide that its URL points nowhere.
+    if sqlite is not None and not os.path.exists(sqlite):
+        return [Finding("database", False, f"{sqlite} does not exist (URL from {source})",
+                        "on a cluster of several hosts, name the server database (SLURM_AIGC_DB_URL_FILE in "
+                        f"{env.environment_file(role)}, docs/deploy.md step 4); on one host, start the controller "
+                        "first: it creates the file")]
+    try:
+        factory = env.open_db(url)
+    except AigcError as error:
+        return [Finding("database", False, f"{error} (URL from {source})", fix)]
+    # SQLite has no roles: the project runs an agent on it only on the controller's host (a warning).
+    role_check = _sqlite_agent(sqlite) if sqlite is not None and role == "agent" else _role(env, role, factory)
+    return [Finding("database", True, f"reachable, schema current ({db.mask_url(url)} from {source})"),
+            role_check, _skew(env, factory)]
+
+
+def _role(env: DoctorEnv, role: str, factory: object) -> Finding:
     can = env.privileges(factory)
     wrong = [name for name, wanted in EXPECTED[role].items() if can.get(name) != wanted]
     summary = ", ".join(f"{'can' if can[name] else 'cannot'} {name}" for name in can)
     if wrong:
         fix = (f"grant the {role} role exactly what docs/deploy.md lists (wrong: "
                + ", ".join(f"{name} should be {'allowed' if EXPECTED[role][name] else 'refused'}" for name in wrong) + ")")
-        findings.append(Finding(f"database role ({role})", False, summary, fix))
-    else:
-        findings.append(Finding(f"database role ({role})", True, summary))
-    findings.append(_skew(env, factory))
-    return findings
+        return Finding(f"database role ({role})", False, summary, fix)
+    return Finding(f"database role ({role})", True, summary)
+
+
+def _sqlite_agent(path: str) -> Finding:
+    return Finding("database role (agent)", True, f"SQLite file {path}: no roles, and no other host reads it",
+                   "agents on other hosts than the controller need a server database (docs/deploy.md); "
+                   "on the controller's own host the agent must run as the controller's user", warning=True)
 
 
 def _skew(env: DoctorEnv, factory: object) -> Finding:
@@ -93,7 +195,7 @@ def _skew(env: DoctorEnv, factory: object) -> Finding:
     return Finding("clock", True, f"{skew:+.2f} s from the database server")
 
 
-def check_slurm(env: DoctorEnv, role: str) -> list[Finding]:
+def check_slurm(env: DoctorEnv, role: str, user: str | None = None) -> list[Finding]:
     try:
         if not env.slurm_ping():
             return [Finding("slurm", False, "slurmctld does not answer `scontrol ping`", "check SLURM_CONF and munge")]
@@ -101,12 +203,7 @@ def check_slurm(env: DoctorEnv, role: str) -> list[Finding]:
     except AigcError as error:
         return [Finding("slurm", False, str(error), "install the Slurm client and munge on this host")]
     findings = [Finding("slurm", True, f"slurmctld answers ({config.get('SLURM_VERSION', '?')})")]
-    # Both update Slurm: the controller jobs and node weights, the agent its node's static features.
-    level = "root" if env.euid() == 0 else env.slurm_admin_level()
-    allowed = level in ("root", "Operator", "Administrator")
-    findings.append(Finding("slurm rights", allowed, f"runs as {level or 'a plain user'}",
-                            "" if allowed else "run the daemon as root, or "
-                            "`sacctmgr modify user NAME set adminlevel=Operator`"))
+    findings.append(_rights(env, config, user or unit_settings(role)["User"]))
     if role == "agent":
         findings.append(_prolog(env, config))
     else:
@@ -114,6 +211,21 @@ def check_slurm(env: DoctorEnv, role: str) -> list[Finding]:
         if (defect := _shard_defect(config)) is not None:
             findings.append(defect)
     return findings
+
+
+def _rights(env: DoctorEnv, config: dict[str, str], user: str) -> Finding:
+    """Whether the daemon's user may update Slurm (the controller jobs and node weights, the agent
+    its node's static features): slurmctld lets root, its SlurmUser and AdminLevel Operator or
+    above. The daemon's user, not doctor's: root passes everything, SlurmUser has no AdminLevel."""
+    fix = f"`sacctmgr modify user {user} set adminlevel=Operator` (a unit changed to run as another user: --user)"
+    if user == "root" or user == config.get("SlurmUser", "").split("(", 1)[0]:  # "slurm(64030)"
+        return Finding("slurm rights", True, f"runs as {user} ({'root' if user == 'root' else 'SlurmUser'})")
+    try:
+        level = env.slurm_admin_level(user)
+    except AigcError as error:
+        return Finding("slurm rights", False, f"runs as {user}: {error}", fix)
+    allowed = level in ("Operator", "Administrator")
+    return Finding("slurm rights", allowed, f"runs as {user} (AdminLevel={level or 'None'})", "" if allowed else fix)
 
 
 def _accounted_gres(config: dict[str, str]) -> Finding:
@@ -189,8 +301,10 @@ def check_policy(env: DoctorEnv, config_path: str | None) -> Finding:
     return Finding("policy", True, f"{getattr(policy, 'source', config_path)} valid")
 
 
-def run_checks(env: DoctorEnv, role: str, db_url: str | None, config_path: str | None) -> list[Finding]:
-    findings = check_database(env, role, db_url) + check_slurm(env, role) + [check_policy(env, config_path)]
+def run_checks(env: DoctorEnv, role: str, db_url: str | None, config_path: str | None,
+               user: str | None = None) -> list[Finding]:
+    """`user`: whose Slurm rights to check; None: the role's unit's User=."""
+    findings = check_database(env, role, db_url) + check_slurm(env, role, user) + [check_policy(env, config_path)]
     if role == "agent":
         findings.append(check_nvml(env))
     return findings
@@ -199,8 +313,9 @@ def run_checks(env: DoctorEnv, role: str, db_url: str | None, config_path: str |
 def render(findings: Sequence[Finding]) -> str:
     lines = []
     for item in findings:
-        lines.append(f"{'ok  ' if item.ok else 'FAIL'}  {item.check}: {item.detail}")
-        if not item.ok and item.fix:
+        mark = "FAIL" if not item.ok else "WARN" if item.warning else "ok  "
+        lines.append(f"{mark}  {item.check}: {item.detail}")
+        if (item.warning or not item.ok) and item.fix:
             lines.append(f"      fix: {item.fix}")
     return "\n".join(lines)
 
@@ -213,8 +328,7 @@ def real_env() -> DoctorEnv:
 
     slurm = SlurmCli()
 
-    def admin_level() -> str:
-        user = os.environ.get("USER") or str(os.geteuid())
+    def admin_level(user: str) -> str:
         out = slurm.run("sacctmgr", ["-nP", "show", "user", user, "format=adminlevel"]).stdout.strip()
         return out.splitlines()[0] if out else ""
 
@@ -237,11 +351,14 @@ def real_env() -> DoctorEnv:
 @click.option("--role", type=click.Choice(["agent", "controller"]), required=True,
               help="What this host runs: agent (compute node) or controller.")
 @click.option("--db", "db_url", default=None,
-              help="Database URL or credentials file (default: $SLURM_AIGC_DB_URL, /etc/slurm-aigc/db.url).")
+              help="Database URL or credentials file (default: the daemon's, from $SLURM_AIGC_DB_URL[_FILE], "
+                   "else the unit's EnvironmentFile=, else /etc/slurm-aigc/db.url).")
 @click.option("--config", "config_path", default=None, help="Policy file (default: $SLURM_AIGC_CONFIG, /etc/slurm-aigc/slurm-aigc.yaml, the shipped one).")
-def doctor(role: str, db_url: str | None, config_path: str | None) -> None:
+@click.option("--user", default=None,
+              help="The user the daemon runs as, whose Slurm rights to check (default: the role's unit's User=).")
+def doctor(role: str, db_url: str | None, config_path: str | None, user: str | None) -> None:
     """Check this host's database role, Slurm rights, NVML, policy, Prolog and clock; say what to fix."""
-    findings = run_checks(real_env(), role, db_url, config_path)
+    findings = run_checks(real_env(), role, db_url, config_path, user)
     click.echo(render(findings))
     if not all(item.ok for item in findings):
         raise SystemExit(1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -11,14 +12,21 @@ from click.testing import CliRunner
 from sqlalchemy import event, text
 from sqlalchemy.exc import OperationalError
 
+from slurm_aigc import db
 from slurm_aigc.cli import doctor as doc
 from slurm_aigc.db import open_database, probe_privileges, server_time
 from slurm_aigc.errors import ConfigError, DatabaseError, NvmlUnavailableError
+from slurm_aigc.localcluster.manager import LocalCluster
 from tests.conftest import DatabaseServer
 
-AGENT_CAN = {"add samples": True, "read samples": False, "write actions": False, "write publications": False,
-             "update rows": False, "delete samples": False}
+AGENT_CAN = {"add samples": True, "read samples": False, "read actions": False, "write actions": False,
+             "write publications": False, "update rows": False, "delete samples": False}
 CONTROLLER_CAN = dict.fromkeys(AGENT_CAN, True)
+AGENT_URL = "mysql+pymysql://aigc_agent:AGENT-PASSWORD@db1/slurm_aigc"
+
+
+def no_default() -> str:
+    raise AssertionError("doctor fell back to the default URL")
 
 
 def env(**changes: object) -> doc.DoctorEnv:
@@ -27,9 +35,11 @@ def env(**changes: object) -> doc.DoctorEnv:
         slurm_config=lambda: {"SLURM_VERSION": "22.05.8", "Prolog": "/etc/slurm/prolog.sh",
                               "Epilog": "/etc/slurm/epilog.sh", "SlurmUser": "slurm(64030)", "GresTypes": "gpu,shard",
                               "AccountingStorageTRES": "cpu,mem,energy,node,billing,fs/disk,vmem,pages,gres/gpu,gres/shard"},
-        slurm_ping=lambda: True, slurm_admin_level=lambda: "Operator", nvml_gpus=lambda: 8,
+        slurm_ping=lambda: True, slurm_admin_level=lambda user: "Operator", nvml_gpus=lambda: 8,
         load_policy=lambda path: object(), read_text=lambda path: "exec slurm-aigc-jobrecord prolog\n",
-        expand=lambda pattern: [pattern], clock=lambda: 1000.0, euid=lambda: 0,
+        expand=lambda pattern: [pattern], clock=lambda: 1000.0,
+        environ={"SLURM_AIGC_DB_URL": AGENT_URL}, environment_file=lambda role: "/nonexistent/default/slurm-aigc",
+        default_url=no_default,
     )
     return replace(healthy, **changes)  # type: ignore[arg-type]
 
@@ -103,7 +113,7 @@ def test_missing_prolog_nvml_policy_and_rights() -> None:
     def bad_policy(path: str | None) -> object:
         raise ConfigError("/etc/slurm-aigc/slurm-aigc.yaml", "storage.raw_retention_hours", "must be > 0")
     broken = env(slurm_config=lambda: {"Prolog": "(null)"}, nvml_gpus=no_nvml, load_policy=bad_policy,
-                 euid=lambda: 1000, slurm_admin_level=lambda: "None")
+                 slurm_admin_level=lambda user: "None")
     findings = failed(doc.run_checks(broken, "agent", None, None))
     assert set(findings) == {"prolog", "nvml", "policy", "slurm rights"}
     assert "docs/deploy.md" in findings["prolog"].fix and "adminlevel=Operator" in findings["slurm rights"].fix
@@ -132,6 +142,108 @@ def test_probes_on_sqlite_change_nothing(tmp_path: Path) -> None:
     findings = failed(doc.run_checks(env(open_db=lambda url: factory, privileges=probe_privileges,
                                          server_time=server_time), "agent", None, None))
     assert "write actions should be refused" in findings["database role (agent)"].fix
+
+
+def agent_url_file(tmp_path: Path) -> Path:
+    path = tmp_path / "agent-db.url"
+    db.write_url_file(path, AGENT_URL)
+    return path
+
+
+def test_the_url_comes_from_the_units_environment_file_when_the_shell_names_none(tmp_path: Path) -> None:
+    # docs/deploy.md names the agent's URL file only in /etc/default/slurm-aigc: an admin's shell
+    # has none of it, and doctor fell back to the SQLite default instead of the agent's database.
+    defaults = tmp_path / "default"
+    defaults.write_text(f"# site settings\n; old style comment\nexport SLURM_AIGC_DB_URL=sqlite:////evil.db\n"
+                        f"SLURM_AIGC_CONFIG=/etc/slurm-aigc/slurm-aigc.yaml\n"
+                        f"SLURM_AIGC_DB_URL_FILE=\"{agent_url_file(tmp_path)}\"\n", encoding="utf-8")
+    opened: list[str | None] = []
+    checked = env(environ={"HOME": "/root"}, environment_file=lambda role: str(defaults),
+                  open_db=lambda url: opened.append(url))
+    findings = {f.check: f for f in doc.run_checks(checked, "agent", None, None)}
+    assert opened == [AGENT_URL] and findings["database"].ok
+    assert findings["database"].detail == (
+        f"reachable, schema current (mysql+pymysql://aigc_agent:***@db1/slurm_aigc from {tmp_path}/agent-db.url, "
+        f"named by SLURM_AIGC_DB_URL_FILE in {defaults})")
+    # The shell's own setting wins, as it does for the daemon started from it.
+    opened.clear()
+    doc.run_checks(replace(checked, environ={"SLURM_AIGC_DB_URL": "mysql+pymysql://x@db2/y"}), "agent", None, None)
+    assert opened == ["mysql+pymysql://x@db2/y"]
+
+
+def test_the_shipped_units_name_one_environment_file_and_their_users() -> None:
+    assert doc.unit_environment_file("agent") == doc.unit_environment_file("controller") == "/etc/default/slurm-aigc"
+    assert doc.unit_settings("agent")["User"] == "slurm" and doc.unit_settings("controller")["User"] == "slurm-aigc"
+
+
+def test_a_missing_sqlite_file_fails_and_doctor_does_not_create_it(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    state = tmp_path / "lib" / "state.db"
+    monkeypatch.setattr(db, "DEFAULT_DB_URL", f"sqlite:///{state}")
+    checked = env(environ={}, default_url=lambda: db.DEFAULT_DB_URL, open_db=open_database,
+                  privileges=probe_privileges, server_time=server_time)
+    findings = failed(doc.run_checks(checked, "controller", None, None))
+    assert findings["database"].detail == f"{state} does not exist (URL from the single-host SQLite default)"
+    assert "server database" in findings["database"].fix and "/nonexistent/default/slurm-aigc" in findings["database"].fix
+    assert not state.parent.exists()
+
+
+def test_an_agent_on_sqlite_is_a_warning_not_a_role_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # SQLite has no roles: every probe passes, which doctor read as "write actions should be
+    # refused". The project runs an agent on SQLite on the controller's own host: a warning.
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    open_database(url)
+    monkeypatch.setattr(doc, "real_env", lambda: env(environ={"SLURM_AIGC_DB_URL": url}, open_db=open_database,
+                                                     privileges=probe_privileges, server_time=server_time))
+    result = CliRunner().invoke(doc.doctor, ["--role", "agent"])
+    assert result.exit_code == 0, result.output
+    assert f"WARN  database role (agent): SQLite file {tmp_path / 'state.db'}: no roles" in result.output
+    assert "fix: agents on other hosts than the controller need a server database" in result.output
+    assert "ok    clock: SQLite: no database server to compare with" in result.output
+
+
+def test_an_agent_role_that_can_read_samples_or_the_audit_trail_fails() -> None:
+    nosy = dict(AGENT_CAN, **{"read samples": True, "read actions": True})
+    findings = failed(doc.run_checks(env(privileges=lambda f: nosy), "agent", None, None))
+    assert set(findings) == {"database role (agent)"}
+    fix = findings["database role (agent)"].fix
+    assert "read samples should be refused" in fix and "read actions should be refused" in fix
+
+
+def test_the_local_clusters_shipped_grants_pass_the_role_checks(mariadb: DatabaseServer) -> None:
+    # The agent role `cluster up` creates (localcluster render_agent_grants_sql, docs/deploy.md's
+    # MariaDB grants): it may add samples and read neither samples nor the audit trail. The
+    # probes change no row, so the cluster's own database is only read.
+    roles = {role: db.read_url_file(LocalCluster().db_url_file(role)) for role in ("agent", "controller")}
+    for role, url in roles.items():
+        checked = env(environ={"SLURM_AIGC_DB_URL": url}, open_db=open_database, privileges=probe_privileges,
+                      server_time=lambda f: None)
+        findings = {f.check: f for f in doc.check_database(checked, role, None)}
+        assert findings[f"database role ({role})"].ok, findings
+    agent = probe_privileges(open_database(roles["agent"]))
+    assert agent["read samples"] is False and agent["read actions"] is False
+
+
+def test_slurm_rights_are_the_daemon_users_not_doctors(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Run as root, doctor passed whatever the controller's account (the unit's User=) could do.
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    asked: list[str] = []
+
+    def levels(user: str) -> str:
+        asked.append(user)
+        return {"slurm-aigc": "", "ops": "Operator"}.get(user, "None")
+    findings = failed(doc.run_checks(env(slurm_admin_level=levels), "controller", None, None))
+    assert asked == ["slurm-aigc"]
+    assert findings["slurm rights"].detail == "runs as slurm-aigc (AdminLevel=None)"
+    assert "sacctmgr modify user slurm-aigc set adminlevel=Operator" in findings["slurm rights"].fix
+    assert "slurm rights" not in failed(doc.run_checks(env(slurm_admin_level=levels), "controller", None, None, "ops"))
+    # SlurmUser ("slurm(64030)") holds the right without any AdminLevel: the agent's unit runs as it.
+    agent = {f.check: f for f in doc.run_checks(env(slurm_admin_level=levels), "agent", None, None)}
+    assert agent["slurm rights"].ok and agent["slurm rights"].detail == "runs as slurm (SlurmUser)"
+    assert asked == ["slurm-aigc", "ops"]
+    monkeypatch.setattr(doc, "real_env", lambda: env(slurm_admin_level=levels))
+    result = CliRunner().invoke(doc.doctor, ["--role", "controller", "--user", "slurm"])
+    assert "ok    slurm rights: runs as slurm (SlurmUser)" in result.output
 
 
 @pytest.mark.parametrize(("version", "gres_types", "noted"), [

@@ -273,5 +273,5 @@ def test_doctor_probes_see_the_agent_and_controller_grants(agent_and_controller:
     agent, controller, _node = agent_and_controller
     assert probe_privileges(open_database(agent)) == {
         "add samples": True, "read samples": False, "write actions": False, "write publications": False,
-        "update rows": False, "delete samples": False}
+        "update rows": False, "delete samples": False, "read actions": False}
     assert all(probe_privileges(open_database(controller)).values())
