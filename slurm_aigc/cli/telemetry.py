@@ -149,7 +149,7 @@ def _gpu_list(text: str) -> tuple[int, ...]:
 
 @click.command("agent")
 @click.option("--config", "config_path", default=None, help="Policy file (default: $SLURM_AIGC_CONFIG, /etc/slurm-aigc/slurm-aigc.yaml, the shipped one).")
-@click.option("--node", default=None, help="This node's Slurm NodeName (default: short host name).")
+@click.option("--node", default=None, help="This node's Slurm NodeName (default: the one slurm.conf gives this host, `scontrol show aliases`).")
 @click.option("--backend", type=click.Choice(["nvml", "sim"]), default=None, help="GPU source (default: agent.backend).")
 @click.option("--simgpu-dir", default=None, help="Simulated GPU dir for --backend sim (default: agent.simgpu_dir).")
 @click.option("--db", "db_url", default=None, help="SQLAlchemy URL (default $SLURM_AIGC_DB_URL or sqlite:////var/lib/slurm-aigc/state.db).")

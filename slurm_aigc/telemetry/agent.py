@@ -22,6 +22,9 @@ job has rows only on whole GPUs where NVML lists its processes (MIG GPUs list no
 
 A Slurm outage does not stop sampling: a failed publication is logged and retried on the
 next tick while samples keep being stored.
+
+The node's Slurm name is `--node`, else the one slurm.conf gives this host (`slurm_node_name`,
+read once at start); an agent that cannot tell it does not start.
 """
 
 from __future__ import annotations
@@ -60,9 +63,52 @@ AllocationSource = Callable[[Mapping[int, "str | None"]], "Mapping[str, Sequence
 IslandParser = Callable[[str], list[list[int]]]
 
 
-def short_hostname() -> str:
-    """`hostname -s`: the default node name (Slurm's NodeName on a real cluster)."""
-    return socket.gethostname().split(".", 1)[0]
+class NodeNameError(AigcError):
+    """This host's Slurm NodeName is not known for sure: the agent does not start on a guess."""
+
+
+_SET_NODE_HINT = ("--node NAME, NAME being the host's NodeName in slurm.conf (systemd: `systemctl edit slurm-aigc-agent`, "
+                  "then `ExecStart=` and `ExecStart=/usr/local/bin/slurm-aigc agent --node NAME`)")
+
+
+def slurm_node_name(slurm: SlurmCli, hostname: Callable[[], str] | None = None) -> str:
+    """This host's Slurm NodeName, found the way slurmd finds its own when not given `-N`.
+
+    `scontrol show aliases` prints the NodeNames slurm.conf gives this host (NodeHostname, looked
+    up by the short host name, then as slurmd does); scontrol reads slurm.conf itself, no slurmctld
+    RPC (sdiag on 22.05.8). `NodeName=gpu001 NodeHostname=r3n17` gives gpu001 on r3n17, which
+    `hostname -s` would have missed: samples under a name that is not a node are dropped by the
+    controller as foreign, the Prolog's records (keyed by SLURMD_NODENAME) are never found and
+    feature updates fail. A host named in no slurm.conf (a dynamic node, `slurmd -Z`) goes by
+    its short name once one node read confirms that slurmctld has it. Several nodes, or none,
+    raise NodeNameError: guessing would break all three quietly. `hostname` (default: what
+    `hostname` prints) serves the full-name and dynamic-node steps and the errors; scontrol's
+    own lookup asks the system itself.
+    """
+    full = (hostname or socket.gethostname)()
+    short = full.split(".", 1)[0]
+    names = _aliases(slurm, None, full) or (_aliases(slurm, full, full) if full != short else [])
+    if len(names) > 1:
+        raise NodeNameError(f"host {full} runs several Slurm nodes ({' '.join(names)}): run one agent per node, "
+                            f"each started with {_SET_NODE_HINT}")
+    if names:
+        LOG.info("agent: host %s is Slurm node %s (slurm.conf)", full, names[0])
+        return names[0]
+    try:
+        slurm.node(short)  # one node read, only where slurm.conf names no node for this host
+    except AigcError as error:
+        raise NodeNameError(f"no Slurm node for host {full}: no NodeHostname={short} in slurm.conf and no node {short} "
+                            f"in slurmctld ({error}); start the agent with {_SET_NODE_HINT}") from error
+    return short
+
+
+def _aliases(slurm: SlurmCli, host: str | None, full: str) -> list[str]:
+    """`scontrol show aliases [HOST]`: the NodeNames of HOST (this host when None) in slurm.conf."""
+    try:
+        return slurm.run("scontrol", ["show", "aliases", *([host] if host else [])]).stdout.split()
+    except AigcError as error:
+        raise NodeNameError(f"cannot read the Slurm node of host {full} from slurm.conf ({error}); "
+                            f"start the agent with {_SET_NODE_HINT}") from error
 
 
 def gpu_types(reading: NodeReading) -> frozenset[str]:
@@ -383,8 +429,8 @@ def build_agent(options: AgentOptions, config: AgentConfig, metrics: DaemonMetri
     from slurm_aigc.telemetry.procfs import JobRecordDir, ProcFs
     from slurm_aigc.telemetry.topology import parse_topo_matrix
 
-    node = options.node or short_hostname()
     slurm = SlurmCli()
+    node = options.node or slurm_node_name(slurm)  # --node as given: the local cluster's nodes share a host
     backend = open_backend("sim" if config.backend == "sim" else "nvml", node, Path(config.simgpu_dir))
     store = None if options.dry_run else TelemetryStore(open_database(options.db_url))
     proc = ProcFs()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -24,15 +25,17 @@ from slurm_aigc.db import (
     open_database,
     transaction,
 )
-from slurm_aigc.errors import ConfigError
+from slurm_aigc.errors import AigcError, ConfigError
 from slurm_aigc.policy.paths import shipped_policy
-from slurm_aigc.slurm import SlurmCli
-from slurm_aigc.telemetry.agent import Agent, PublishedTypes, state_dir_from_env, static_features
+from slurm_aigc.slurm import CommandResult, SlurmCli
+from slurm_aigc.telemetry import agent as agent_module
+from slurm_aigc.telemetry.agent import Agent, AgentOptions, PublishedTypes, build_agent, state_dir_from_env, static_features
 from slurm_aigc.telemetry.attribution import job_gpu_usage
 from slurm_aigc.telemetry.config import (
     AgentConfig,
     parse_agent_section,
 )
+from slurm_aigc.telemetry.metrics import NullMetrics
 from slurm_aigc.telemetry.nvml import NvmlBackend
 from slurm_aigc.telemetry.simgpu import sim_gpus, sim_topology_text, write_inventory
 from slurm_aigc.telemetry.store import TelemetryStore
@@ -467,3 +470,94 @@ def test_the_agent_keeps_the_active_features_a_node_features_plugin_chose() -> N
     active = next(a for a in update if a.startswith("ActiveFeatures=")).split("=", 1)[1].split(",")
     assert "mode_b" in available and "mode_b" not in active
     assert {"a100", "vram80g", "nvlink", "nvlink8"} <= set(active) and "mode_a" in active
+
+
+# --------------------------------------------------------------------------- the node's Slurm name
+
+
+class HostedSlurm(FakeSlurm):
+    """FakeSlurm plus slurm.conf's NodeHostname per node, for `scontrol show aliases [HOST]`.
+
+    scontrol prints the NodeNames of HOST (this host when none) on one line, nothing for a host
+    slurm.conf does not name (22.05.8 on the local cluster: `a100-01 a100-02 t4-01 t4-02`).
+    """
+
+    def __init__(self, hosts: Mapping[str, str], this_host: str, nodes: Sequence[FakeNode], version: str = "24.11.5") -> None:
+        super().__init__(nodes, version=version)
+        self.hosts, self.this_host = dict(hosts), this_host
+
+    def __call__(self, argv: Sequence[str], timeout_s: float, stdin: str | None = None) -> CommandResult:
+        if list(argv[:3]) != ["scontrol", "show", "aliases"]:
+            return super().__call__(argv, timeout_s, stdin)
+        self.calls.append(list(argv))
+        host = argv[3] if len(argv) > 3 else self.this_host
+        names = " ".join(name for name, node_host in self.hosts.items() if node_host == host)
+        return CommandResult(tuple(argv), 0, names + "\n" if names else "", "")
+
+    def node_reads(self) -> list[list[str]]:
+        return [call for call in self.calls if call[0] == "sinfo" or "node" in call]
+
+
+def start_agent(fake: HostedSlurm, hostname: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Agent:
+    """`build_agent` as `slurm-aigc agent --backend sim --dry-run` without --node, on host `hostname`."""
+    monkeypatch.setattr(agent_module, "SlurmCli", lambda: SlurmCli(runner=fake))
+    monkeypatch.setattr(socket, "gethostname", lambda: hostname)
+    for name in fake.nodes:
+        write_inventory(tmp_path, name, sim_gpus(name, "a100", 8, nvlink=True), sim_topology_text(8, True))
+    config = AgentConfig(backend="sim", simgpu_dir=str(tmp_path))
+    return build_agent(AgentOptions(dry_run=True), config, NullMetrics())
+
+
+def test_without_node_the_agent_takes_the_name_slurm_conf_gives_its_host(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # NodeName=gpu001 NodeHostname=r3n17: `hostname -s` (r3n17) names no node.
+    fake = HostedSlurm({"gpu001": "r3n17", "gpu002": "r3n18"}, "r3n17", [FakeNode("gpu001"), FakeNode("gpu002")])
+    started = start_agent(fake, "r3n17.cluster.example", tmp_path, monkeypatch)
+    assert started.node == "gpu001"
+    assert fake.node_reads() == []  # slurm.conf said it: no slurmctld read at start
+    result = started.tick()
+    assert result.node == "gpu001" and result.published is not None and "a100" in result.published
+    assert fake.node_reads() == [["scontrol", "-d", "--json", "show", "node", "gpu001"]]
+
+
+def test_a_host_slurm_conf_names_by_its_full_name_is_found_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = HostedSlurm({"gpu001": "r3n17.cluster.example"}, "r3n17", [FakeNode("gpu001")])
+    assert start_agent(fake, "r3n17.cluster.example", tmp_path, monkeypatch).node == "gpu001"
+    asked = [call for call in fake.calls if "aliases" in call]
+    assert asked == [["scontrol", "show", "aliases"], ["scontrol", "show", "aliases", "r3n17.cluster.example"]]
+    assert fake.node_reads() == []
+
+
+def test_a_host_running_several_nodes_must_be_told_its_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = HostedSlurm({"a100-01": "vm", "a100-02": "vm"}, "vm", [FakeNode("a100-01"), FakeNode("a100-02")])
+    with pytest.raises(AigcError) as refused:
+        start_agent(fake, "vm", tmp_path, monkeypatch)
+    assert "host vm runs several Slurm nodes (a100-01 a100-02)" in str(refused.value)
+    assert "--node NAME" in str(refused.value)
+
+
+def test_a_host_with_no_slurm_node_fails_at_start_naming_the_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = HostedSlurm({"gpu001": "r3n17"}, "login5", [FakeNode("gpu001")])
+    with pytest.raises(AigcError) as refused:
+        start_agent(fake, "login5", tmp_path, monkeypatch)
+    message = str(refused.value)
+    assert message.startswith("no Slurm node for host login5: ") and "start the agent with --node NAME" in message
+    assert len(fake.node_reads()) == 1  # at most one node read at start
+
+
+@pytest.mark.parametrize("version", ["22.05.8", "24.11.5"])
+def test_a_dynamic_node_goes_by_its_host_name_after_one_node_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  version: str) -> None:
+    # `slurmd -Z`: in no slurm.conf, registered under its host name.
+    fake = HostedSlurm({}, "dyn-07", [FakeNode("dyn-07")], version=version)
+    assert start_agent(fake, "dyn-07.cluster.example", tmp_path, monkeypatch).node == "dyn-07"
+    assert len(fake.node_reads()) == 1
+
+
+def test_a_node_given_with_node_is_taken_as_it_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = HostedSlurm({"a100-01": "vm", "a100-02": "vm"}, "vm", [FakeNode("a100-01"), FakeNode("a100-02")])
+    monkeypatch.setattr(agent_module, "SlurmCli", lambda: SlurmCli(runner=fake))
+    write_inventory(tmp_path, "a100-02", sim_gpus("a100-02", "a100", 8, nvlink=True), sim_topology_text(8, True))
+    config = AgentConfig(backend="sim", simgpu_dir=str(tmp_path))
+    assert build_agent(AgentOptions(node="a100-02", dry_run=True), config, NullMetrics()).node == "a100-02"
+    assert [call for call in fake.calls if "aliases" in call] == []
