@@ -66,9 +66,13 @@ def unit_settings(role: str) -> dict[str, str]:
     return assignments(shipped_file(UNITS[role]).read_text(encoding="utf-8"))
 
 
-def unit_environment_file(role: str) -> str:
-    # `EnvironmentFile=-/etc/default/slurm-aigc`: the `-` only says the file may be absent.
-    return unit_settings(role)["EnvironmentFile"].lstrip("-")
+def unit_environment_files(role: str) -> tuple[str, ...]:
+    """The unit's EnvironmentFile= paths in the order systemd reads them (a later file's keys win):
+    the shared /etc/default/slurm-aigc, then the role's own, which keeps an agent's database URL
+    away from a controller on the same host. The `-` only says the file may be absent."""
+    text = shipped_file(UNITS[role]).read_text(encoding="utf-8")
+    return tuple(line.partition("=")[2].strip().lstrip("-") for line in text.splitlines()
+                 if line.partition("=")[0].strip() == "EnvironmentFile")
 
 
 @dataclass(frozen=True)
@@ -100,7 +104,7 @@ class DoctorEnv:
     clock: Callable[[], float] = time.time
     # Where the daemon's database URL comes from when this shell names none (`database_url`).
     environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
-    environment_file: Callable[[str], str] = unit_environment_file
+    environment_files: Callable[[str], Sequence[str]] = unit_environment_files
     default_url: Callable[[], str] = db.default_url
 
 
@@ -110,14 +114,20 @@ def database_url(env: DoctorEnv, role: str, option: str | None) -> tuple[str, st
     admin's shell: that file is read unless the shell sets a key itself."""
     if option:
         return db.resolve_url(option), "--db"
-    settings, where = env.environ, "the environment"
+    settings: Mapping[str, str] = env.environ
+    where = dict.fromkeys(URL_KEYS, "the environment")
     if not any(settings.get(key) for key in URL_KEYS):
-        path = env.environment_file(role)
-        settings, where = _environment_file(path), path
+        merged: dict[str, str] = {}
+        for path in env.environment_files(role):
+            found = _environment_file(path)
+            merged.update(found)
+            where.update({key: path for key in URL_KEYS if key in found})
+        settings = merged
     if settings.get("SLURM_AIGC_DB_URL"):
-        return settings["SLURM_AIGC_DB_URL"], f"SLURM_AIGC_DB_URL in {where}"
+        return settings["SLURM_AIGC_DB_URL"], f"SLURM_AIGC_DB_URL in {where['SLURM_AIGC_DB_URL']}"
     if named := settings.get("SLURM_AIGC_DB_URL_FILE"):
-        return db.read_url_file(Path(named)), f"{named}, named by SLURM_AIGC_DB_URL_FILE in {where}"
+        return (db.read_url_file(Path(named)),
+                f"{named}, named by SLURM_AIGC_DB_URL_FILE in {where['SLURM_AIGC_DB_URL_FILE']}")
     url = env.default_url()
     return url, "the single-host SQLite default" if url == db.DEFAULT_DB_URL else str(db.DEFAULT_URL_FILE)
 
@@ -154,7 +164,7 @@ def check_database(env: DoctorEnv, role: str, db_url: str | None) -> list[Findin
     if sqlite is not None and not os.path.exists(sqlite):
         return [Finding("database", False, f"{sqlite} does not exist (URL from {source})",
                         "on a cluster of several hosts, name the server database (SLURM_AIGC_DB_URL_FILE in "
-                        f"{env.environment_file(role)}, docs/deploy.md step 4); on one host, start the controller "
+                        f"{env.environment_files(role)[-1]}, docs/deploy.md step 4); on one host, start the controller "
                         "first: it creates the file")]
     try:
         factory = env.open_db(url)

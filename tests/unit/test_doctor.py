@@ -38,7 +38,7 @@ def env(**changes: object) -> doc.DoctorEnv:
         slurm_ping=lambda: True, slurm_admin_level=lambda user: "Operator", nvml_gpus=lambda: 8,
         load_policy=lambda path: object(), read_text=lambda path: "exec slurm-aigc-jobrecord prolog\n",
         expand=lambda pattern: [pattern], clock=lambda: 1000.0,
-        environ={"SLURM_AIGC_DB_URL": AGENT_URL}, environment_file=lambda role: "/nonexistent/default/slurm-aigc",
+        environ={"SLURM_AIGC_DB_URL": AGENT_URL}, environment_files=lambda role: ["/nonexistent/default/slurm-aigc"],
         default_url=no_default,
     )
     return replace(healthy, **changes)  # type: ignore[arg-type]
@@ -158,7 +158,7 @@ def test_the_url_comes_from_the_units_environment_file_when_the_shell_names_none
                         f"SLURM_AIGC_CONFIG=/etc/slurm-aigc/slurm-aigc.yaml\n"
                         f"SLURM_AIGC_DB_URL_FILE=\"{agent_url_file(tmp_path)}\"\n", encoding="utf-8")
     opened: list[str | None] = []
-    checked = env(environ={"HOME": "/root"}, environment_file=lambda role: str(defaults),
+    checked = env(environ={"HOME": "/root"}, environment_files=lambda role: [str(defaults)],
                   open_db=lambda url: opened.append(url))
     findings = {f.check: f for f in doc.run_checks(checked, "agent", None, None)}
     assert opened == [AGENT_URL] and findings["database"].ok
@@ -171,8 +171,9 @@ def test_the_url_comes_from_the_units_environment_file_when_the_shell_names_none
     assert opened == ["mysql+pymysql://x@db2/y"]
 
 
-def test_the_shipped_units_name_one_environment_file_and_their_users() -> None:
-    assert doc.unit_environment_file("agent") == doc.unit_environment_file("controller") == "/etc/default/slurm-aigc"
+def test_the_shipped_units_name_their_environment_files_and_their_users() -> None:
+    assert doc.unit_environment_files("agent") == ("/etc/default/slurm-aigc", "/etc/default/slurm-aigc-agent")
+    assert doc.unit_environment_files("controller") == ("/etc/default/slurm-aigc", "/etc/default/slurm-aigc-controller")
     assert doc.unit_settings("agent")["User"] == "slurm" and doc.unit_settings("controller")["User"] == "slurm-aigc"
 
 
@@ -305,3 +306,18 @@ def test_the_mariadb_clock_read_is_exact_in_a_dst_fold(mariadb: DatabaseServer) 
         cursor.close()
 
     assert server_time(factory) == pytest.approx(1792891800.25, abs=1e-3)
+
+
+def test_a_host_running_both_daemons_keeps_the_agents_url_from_the_controller(tmp_path: Path) -> None:
+    # With one shared EnvironmentFile, the agent's SLURM_AIGC_DB_URL_FILE line (deploy.md step 4)
+    # pointed a controller on the same host at the agents' account and its slurm-owned file.
+    shared, agent_only = tmp_path / "slurm-aigc", tmp_path / "slurm-aigc-agent"
+    shared.write_text("SLURM_AIGC_CONFIG=/etc/slurm-aigc/slurm-aigc.yaml\n", encoding="utf-8")
+    agent_only.write_text(f"SLURM_AIGC_DB_URL_FILE={agent_url_file(tmp_path)}\n", encoding="utf-8")
+    files = {"agent": [str(shared), str(agent_only)], "controller": [str(shared), str(tmp_path / "slurm-aigc-controller")]}
+    opened: list[str | None] = []
+    checked = env(environ={}, environment_files=lambda role: files[role], open_db=lambda url: opened.append(url),
+                  default_url=lambda: "mysql+pymysql://aigc_controller:pw@db1/slurm_aigc")
+    doc.run_checks(checked, "agent", None, None)
+    doc.run_checks(checked, "controller", None, None)
+    assert opened == [AGENT_URL, "mysql+pymysql://aigc_controller:pw@db1/slurm_aigc"]
