@@ -569,8 +569,9 @@ class Controller:
             unseen = self._store.sample_ids(low, self._watermark_id, since) - self._seen_ids
         if not unseen:
             return []
+        rows = self._store.samples_by_id(unseen)  # first: ids marked seen before a read that fails are never read
         self._seen_ids |= unseen
-        return [r for r in self._store.samples_by_id(unseen) if r.job_id in known]
+        return [r for r in rows if r.job_id in known]
 
     def _remember(self, rows: Sequence[SampleRow]) -> None:
         """Move the watermark past `rows` and keep the ids read within ID_OVERLAP below it."""

@@ -336,6 +336,43 @@ def test_a_row_committed_after_a_newer_one_was_read_is_still_judged_and_read_row
     assert store.fetched - first == 1
 
 
+def test_a_late_row_whose_read_fails_is_read_at_the_next_tick(tmp_path: Path) -> None:
+    # The late ids were marked seen before their rows were read: a read that timed out left
+    # them below the watermark and outside every later gap query, never judged.
+    db_url = f"sqlite:///{tmp_path / 'state.db'}"
+    fake = FakeSlurm(jobs={"7": FakeJob("7", gpus=2)})
+    add_samples(db_url, "7", 2, START + 200.0, busy_gpus=2)
+    with transaction(open_database(db_url)) as session:
+        late = session.scalars(select(JobGpuSample).where(JobGpuSample.ts == START + 200.0,
+                                                          JobGpuSample.gpu_index == 1)).one()
+        late_id = late.id
+        session.delete(late)
+        session.add(JobGpuSample(id=late_id + 100, ts=START + 200.0, node="a100-01", job_id="7", gpu_index=0,
+                                 sm_util_pct=97.0, power_draw_w=350.0, power_limit_w=400.0, shared=False))
+
+    class FailingOnce(ReclaimStore):
+        fail = True
+
+        def samples_by_id(self, ids: Any) -> Any:
+            if self.fail:
+                self.fail = False
+                raise DatabaseError("Lost connection to server during query")
+            return super().samples_by_id(ids)
+
+    clock = Clock(START + 200.0)
+    controller = Controller(SlurmCli(runner=fake), FailingOnce(open_database(db_url)), CONFIG, clock=clock)
+    controller.tick()
+    with transaction(open_database(db_url)) as session:  # the late row commits with its lower id
+        session.add(JobGpuSample(id=late_id, ts=START + 200.0, node="a100-01", job_id="7", gpu_index=1,
+                                 sm_util_pct=97.0, power_draw_w=350.0, power_limit_w=400.0, shared=False))
+    clock.now += 10.0
+    with pytest.raises(DatabaseError):
+        controller.tick()
+    clock.now += 10.0
+    controller.tick()
+    assert controller._tracker.last_ts()[("7", "a100-01", 1)] == START + 200.0
+
+
 def test_only_jobs_with_a_finding_have_their_action_history_read(db_url: str) -> None:
     fake = FakeSlurm(jobs={"1": FakeJob("1"), "2": FakeJob("2")})
     add_samples(db_url, "1", 1, START + 200.0, busy_gpus=1)
