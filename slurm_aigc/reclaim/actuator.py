@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurm_aigc.errors import AigcError, SlurmCommandError
+from slurm_aigc.errors import AigcError, SlurmCommandError, SlurmParseError
 from slurm_aigc.reclaim.config import ReclaimConfig
 from slurm_aigc.reclaim.jobs import (
     declared_signal,
@@ -215,7 +215,7 @@ class Actuator:
 
         try:
             current = self._reread(plan.job_id)
-        except SlurmCommandError as error:
+        except (SlurmCommandError, SlurmParseError) as error:  # an answer it cannot read: nothing sent either
             # Nothing was sent to Slurm: the step may be tried again (`acted: false`, see ladder).
             return outcome("failed", (), {"error": f"could not re-read the job before acting: {error}; not acted",
                                           "acted": False})
@@ -311,7 +311,14 @@ class Actuator:
 
     def _notify(self, plan: PlannedAction, job: JobInfo) -> dict[str, Any]:
         # The admin comment is the record that must exist; the other channels are best effort.
-        self._slurm.update_job(plan.job_id, AdminComment=merge_admin_comment(job.admin_comment, plan.message))
+        try:
+            self._slurm.update_job(plan.job_id, AdminComment=merge_admin_comment(job.admin_comment, plan.message))
+        except SlurmCommandError as error:
+            # A timeout may come after slurmctld wrote it: the comment tells. Not written, nothing
+            # was sent (it goes first), and the warning is tried again rather than taken as given.
+            landed = self._comment_landed(plan, job)
+            if landed is not True:
+                return {"error": str(error), **({"acted": False} if landed is False else {})}
         channels, problems = ["admin_comment"], []
         if self.config.notify.scontrol_notify:
             try:
@@ -330,6 +337,15 @@ class Actuator:
             except AigcError as error:
                 problems.append(str(error))
         return {"result": "notified via " + ", ".join(channels), "channel_errors": problems}
+
+    def _comment_landed(self, plan: PlannedAction, job: JobInfo) -> bool | None:
+        """Whether the notify's AdminComment is on the job now (None: the job cannot be read)."""
+        try:
+            after = self._slurm.job(plan.job_id)
+        except AigcError:
+            return None
+        intent = {"admin_comment_before": job.admin_comment, "message": plan.message}
+        return after is not None and _notified(intent, after.admin_comment)
 
     def _finish_shrink(self, job_id: str, before: JobInfo, gpus_after: int, wait_s: float,
                        restarts_before: int | None = None) -> dict[str, Any]:
@@ -427,7 +443,11 @@ class Actuator:
         if row.action == "shrink":
             return self._judge_shrink(row, job, restarted, act)
         if row.action == "notify":
-            return _judged(_notified(row.detail, job.admin_comment), "admin comment is set")
+            if _notified(row.detail, job.admin_comment):
+                return "done", {"result": "admin comment is set"}
+            # The comment goes first: without it nothing was sent, and the step may be tried
+            # again (taken as done, the job was requeued a cool-down later with no warning).
+            return "failed", {"error": "the warning's admin comment is not on the job: not sent", "acted": False}
         if row.action == "cancel":
             return _judged(job.state.startswith("CANCELLED"), f"job is {job.state}")
         return "failed", {"error": f"{row.action}: outcome cannot be verified after a restart; not repeated"}

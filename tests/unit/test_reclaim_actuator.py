@@ -485,13 +485,75 @@ def test_failures_that_provably_did_nothing_say_so_for_the_ladder(store: Reclaim
     fake.fail["squeue"] = "squeue: error: Socket timed out on send/recv operation"  # the re-read before acting
     assert actuator.apply(plan("requeue", step=2), decided_on).detail["acted"] is False
     del fake.fail["squeue"]
-    fake.fail["scontrol update"] = "slurm_update error: Socket timed out"  # a notify may have been written
-    assert "acted" not in actuator.apply(plan("notify", step=0), show(fake)).detail
-    assert [r.detail.get("acted") for r in store.audit()] == [False, False, None]
+    fake.fail["scontrol update"] = "slurm_update error: Socket timed out"  # the comment is not there after it
+    assert actuator.apply(plan("notify", step=0), show(fake)).detail["acted"] is False
+    del fake.fail["scontrol update"]
+    assert [r.detail.get("acted") for r in store.audit()] == [False, False, False]
+
+
+@pytest.mark.parametrize("readable", [True, False])
+def test_a_notify_whose_update_timed_out_after_landing_is_judged_by_the_comment(store: ReclaimStore,
+                                                                                readable: bool) -> None:
+    fake, _, clock, _ = setup(store)
+    updated: list[bool] = []
+
+    def runner(argv: object, timeout_s: float, stdin: str | None = None) -> CommandResult:
+        args = list(argv)  # type: ignore[call-overload]
+        if updated and not readable and args[0] in ("squeue", "scontrol") and args[1:2] != ["update"]:
+            return CommandResult(tuple(args), 1, "", "squeue: error: Socket timed out on send/recv operation")
+        result = fake(args, timeout_s, stdin)  # slurmctld writes it, then the answer is lost
+        if args[:2] == ["scontrol", "update"]:
+            updated.append(True)
+            return CommandResult(tuple(args), 1, "", "slurm_update error: Socket timed out on send/recv operation")
+        return result
+
+    actuator = Actuator(SlurmCli(runner=runner), store, CONFIG, clock=clock, sleep=clock.sleep)
+    result = actuator.apply(plan("notify", step=0), show(fake))
+    if readable:  # the comment is there: the warning went out
+        assert result.state == "done" and "acted" not in result.detail
+    else:  # it may have: the step is taken, as before
+        assert result.state == "failed" and "acted" not in result.detail
+
+
+def test_reconcile_of_a_notify_that_never_reached_slurm_lets_the_ladder_warn_again(store: ReclaimStore) -> None:
+    # The intent committed, then the controller died (or the tick aborted) before `scontrol
+    # update`: closed as failed but taken as given, the ladder requeued the job a cool-down
+    # later with no warning ever sent.
+    from slurm_aigc.reclaim.ladder import plan_job
+    from tests.unit.test_reclaim_ladder import CONFIG as LADDER_CONFIG
+    from tests.unit.test_reclaim_ladder import FACTS, NOW, verdict
+
+    fake, actuator, _, _ = setup(store)
+    first = plan_job(verdict("idle"), FACTS, (), LADDER_CONFIG, NOW)
+    assert isinstance(first, PlannedAction) and first.action == "notify"
+    store.record_intent(first, {"restarts_before": 0, "admin_comment_before": "aigc_class=train",
+                                "message": first.message}, NOW)
+    [result] = actuator.reconcile()
+    assert result.state == "failed" and result.detail["acted"] is False and fake.mutations() == []
+    history = [replace(r.as_past(), not_acted=r.detail.get("acted") is False) for r in store.audit()]  # as the controller reads it
+    again = plan_job(verdict("idle"), FACTS, history, LADDER_CONFIG, NOW + LADDER_CONFIG.cooldown_s + 1)
+    assert isinstance(again, PlannedAction) and again.action == "notify" and again.observation_key.endswith("#2")
 
 
 def test_reconcile_of_a_requeue_that_did_not_take_says_nothing_happened(store: ReclaimStore) -> None:
     fake, actuator, _, _ = setup(store)
     store.record_intent(plan("requeue"), {"restarts_before": 0}, 900.0)  # killed before the command
     [result] = actuator.reconcile()  # still RUNNING, restarts unchanged: provably not requeued
+    assert result.state == "failed" and result.detail["acted"] is False and fake.mutations() == []
+
+
+def test_a_reread_slurm_answers_unreadably_is_not_acted_on(store: ReclaimStore) -> None:
+    # A listing that is not JSON (a truncated answer) raised past the actuator and aborted the
+    # tick with the intent open; reconcile then took the step as given.
+    fake, _, clock, _ = setup(store)
+    decided_on = show(fake)
+
+    def runner(argv: object, timeout_s: float, stdin: str | None = None) -> CommandResult:
+        args = list(argv)  # type: ignore[call-overload]
+        if args[0] == "squeue":
+            return CommandResult(tuple(args), 0, '{"jobs": [', "")
+        return fake(args, timeout_s, stdin)
+
+    result = Actuator(SlurmCli(runner=runner), store, CONFIG, clock=clock, sleep=clock.sleep).apply(
+        plan("notify", step=0), decided_on)
     assert result.state == "failed" and result.detail["acted"] is False and fake.mutations() == []
