@@ -3,7 +3,9 @@
 Modelled on gunicorn's arbiter: signal handlers only enqueue the signal number; the loop
 runs one tick, then waits on that queue with the poll interval as timeout. So:
 
-* SIGTERM/SIGINT arriving during a tick let the tick finish, then the loop returns 0;
+* SIGTERM/SIGINT arriving during a tick let the tick finish, then the loop returns 0; a tick
+  that can be long reads `stop_requested` between its steps (the controller takes no further
+  action of its batch);
 * SIGHUP calls `reload`; a reload that raises keeps the old config (the callback swaps
   its config only after the new one parsed) and the reason is logged;
 * an exception in a tick is logged and the tick is retried after an exponential backoff
@@ -121,10 +123,18 @@ class DaemonLoop:
         self._on_tick = on_tick
         self.failures = 0
         self.ticks = 0
+        self._stop_requested = False
 
     def enqueue(self, signum: int) -> None:
-        """What a signal handler does, and all it does."""
+        """What a signal handler does, and all it does (a flag and a queue put are signal-safe)."""
+        if signum in STOP_SIGNALS:
+            self._stop_requested = True
         self._signals.put(signum)
+
+    @property
+    def stop_requested(self) -> bool:
+        """A stop signal came: a tick may end early between its steps (the controller's actions)."""
+        return self._stop_requested
 
     def stop(self) -> None:
         """Ask the loop to finish its current tick and return (as SIGTERM would)."""

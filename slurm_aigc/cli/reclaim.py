@@ -159,6 +159,7 @@ def controller(config_file: str | None, db_url: str | None, interval_s: float | 
 
     loop = DaemonLoop(tick, interval_s or ctl.config.poll_interval_s, lambda: _reload(ctl, hooks, config_file, dry_run),
                       name="slurm-aigc controller")
+    ctl.stop_when(lambda: loop.stop_requested)
     raise SystemExit(loop.run(once=once))
 
 

@@ -173,18 +173,33 @@ class Actuator:
         self._after_intent = after_intent
         self._pending_wait_s = pending_wait_s
         self._recheck_listing: tuple[float, dict[str, JobInfo]] | None = None  # (when listed, jobs by id)
+        self._stopping: Callable[[], bool] = lambda: False
+
+    def stop_when(self, stopping: Callable[[], bool]) -> None:
+        """Start no further action of a batch once `stopping()` (the daemon got SIGTERM): a tick of
+        ten shrinks, each waiting for its epilog, outlasts systemd's stop timeout, and a SIGKILL
+        in the middle of an action leaves it for reconcile (a shrink's job held until then)."""
+        self._stopping = stopping
 
     def apply_batch(self, batch: Sequence[tuple[PlannedAction, JobInfo]]) -> list[ActionResult]:
         """`apply` each (plan, job the tick decided on), in order; their re-checks may share a listing."""
         self._recheck_listing = None
+        results: list[ActionResult] = []
         try:
-            return [self._apply(plan, job) for plan, job in batch]
+            for plan, job in batch:
+                if self._stopping():  # nothing recorded for the rest: planned again after the restart
+                    LOG.warning("stopping: %d planned action(s) left for the next start", len(batch) - len(results))
+                    break
+                results.append(self._apply(plan, job))
+            return results
         finally:
             self._recheck_listing = None
 
     def apply(self, plan: PlannedAction, job: JobInfo) -> ActionResult:
         """Record the intent, re-read the job, run the action (unless dry-run or stale), record the outcome."""
-        return self.apply_batch([(plan, job)])[0]
+        [result] = self.apply_batch([(plan, job)]) or [ActionResult(plan.observation_key, plan.job_id, plan.action,
+                                                                     "skipped", plan.dry_run, (), {"skipped": "stopping"})]
+        return result
 
     def _apply(self, plan: PlannedAction, job: JobInfo) -> ActionResult:
         commands = self._commands(plan, job)

@@ -324,6 +324,10 @@ class Controller:
         self._tracker = StretchTracker()  # thresholds changed: judge the windows afresh
         self._gpu_types = None  # an admin reloading after a slurm.conf change expects a re-read
 
+    def stop_when(self, stopping: Callable[[], bool]) -> None:
+        """Take no further action within a tick once `stopping()` (`Actuator.stop_when`)."""
+        self._actuator.stop_when(stopping)
+
     def reconcile(self) -> tuple[ActionResult, ...]:
         """Settle open intents (a killed controller's, a shrink waiting for PENDING); dry-run: report only."""
         results = tuple(self._actuator.reconcile(dry_run=self.dry_run, only_jobs=self._only_jobs))

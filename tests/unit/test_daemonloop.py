@@ -82,6 +82,21 @@ def test_ticks_every_interval_until_sigterm_and_finishes_the_tick() -> None:
     assert loop.ticks == 3
 
 
+def test_a_stop_signal_is_visible_to_the_tick_it_arrives_in_and_sighup_is_not_a_stop() -> None:
+    fake = FakeTime()
+    seen: list[bool] = []
+    loop: DaemonLoop
+
+    def tick() -> None:
+        loop.enqueue(signal.SIGHUP)
+        seen.append(loop.stop_requested)
+        loop.enqueue(signal.SIGTERM)  # the controller's actuator reads this between its actions
+        seen.append(loop.stop_requested)
+
+    loop = make_loop(tick, fake, reload=lambda: None)
+    assert loop.run() == 0 and seen == [False, True]
+
+
 def test_sigint_stops_too() -> None:
     fake = FakeTime()
     fake.script = [(3.0, signal.SIGINT)]

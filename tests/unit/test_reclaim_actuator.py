@@ -557,3 +557,21 @@ def test_a_reread_slurm_answers_unreadably_is_not_acted_on(store: ReclaimStore) 
     result = Actuator(SlurmCli(runner=runner), store, CONFIG, clock=clock, sleep=clock.sleep).apply(
         plan("notify", step=0), decided_on)
     assert result.state == "failed" and result.detail["acted"] is False and fake.mutations() == []
+
+
+def test_a_stop_asked_during_a_batch_starts_no_further_action(store: ReclaimStore) -> None:
+    # SIGTERM mid-tick: ten shrinks, each waiting for its epilog, outlast TimeoutStopSec, and a
+    # SIGKILL in the middle of one leaves its job held until a controller runs again.
+    fake = FakeSlurm(jobs={j: FakeJob(j, gpus=4) for j in ("7", "8", "9")})
+    stop = {"asked": False}
+
+    def sigterm_now(_: PlannedAction) -> None:
+        stop["asked"] = True
+
+    clock = Clock()
+    actuator = Actuator(SlurmCli(runner=fake), store, CONFIG, clock=clock, sleep=clock.sleep, after_intent=sigterm_now)
+    actuator.stop_when(lambda: stop["asked"])
+    batch = [(plan("notify", job_id=j, step=0), show(fake, j)) for j in ("7", "8", "9")]
+    results = actuator.apply_batch(batch)
+    assert [r.job_id for r in results] == ["7"] and results[0].state == "done"
+    assert [r.job_id for r in store.audit()] == ["7"]  # nothing recorded for the two left: planned again
