@@ -21,7 +21,9 @@ On a node with GPUs in MIG mode, Slurm's GPU indices (the Prolog record, `SLURM_
 job has rows only on whole GPUs where NVML lists its processes (MIG GPUs list none).
 
 A Slurm outage does not stop sampling: a failed publication is logged and retried on the
-next tick while samples keep being stored.
+next tick while samples keep being stored. Nor does a database outage stop publishing: when
+the store fails, the features are still published (when due), then the tick raises the
+store's error as before.
 
 The node's Slurm name is `--node`, else the one slurm.conf gives this host (`slurm_node_name`,
 read once at start); an agent that cannot tell it does not start.
@@ -260,14 +262,22 @@ class Agent:
         self._last_check = None  # re-check Slurm's features under the new settings
 
     def tick(self) -> PollResult:
-        """One poll: read, attribute, store, publish."""
+        """One poll: read, attribute, store, publish; a failed store still publishes, then raises."""
         reading = self._backend.read()
         pids = sorted({proc.pid for gpu in reading.gpus for proc in gpu.processes})
         pid_jobs = self._attribute(pids) if pids else {}
         uses = self._split_uses(reading, pid_jobs, self._allocations_for(reading, pid_jobs))
-        written = self._store.write_poll(reading, pid_jobs, uses) if self._store is not None else 0
+        try:
+            # Samples first: a slow slurmctld must not hold them back.
+            written = self._store.write_poll(reading, pid_jobs, uses) if self._store is not None else 0
+        except Exception:
+            # A database outage must not keep the static features out of Slurm too: after a
+            # reconfigure during it, `--constraint=a100` jobs would pend for its whole length.
+            # The tick still fails, so the loop logs the store's error and backs off as before.
+            self._publish_if_on(reading)
+            raise
         self._metrics.observe_reading(reading)
-        published = self._publish(reading) if self.config.publish_features else None
+        published = self._publish_if_on(reading)
         result = PollResult(
             node=self.node, gpus=len(reading.gpus), lost=sum(1 for g in reading.gpus if g.lost),
             processes=len(pids), rows_written=written, published=published,
@@ -310,6 +320,9 @@ class Agent:
         except (AigcError, OSError) as error:
             LOG.warning("agent: no NVLink topology (%s); not publishing nvlink features", error)
             return None
+
+    def _publish_if_on(self, reading: NodeReading) -> tuple[str, ...] | None:
+        return self._publish(reading) if self.config.publish_features else None
 
     def _publish(self, reading: NodeReading) -> tuple[str, ...] | None:
         """Publish the static features when due; returns the features written, if any."""

@@ -13,7 +13,8 @@ Each cycle (`Publisher.tick`, run by `slurm-aigc controller`):
    `scontrol reconfigure` or a slurmctld restart, Slurm forgets `scontrol update`); at most
    `max_writes_per_cycle` nodes a cycle, the least recently written first;
 4. record each change in `node_publications`, right before its write (and take the row out
-   again when Slurm refuses the write), and rewrite the hook's published-features file with
+   again when Slurm refuses the write; after a timed-out write, only when one re-read of
+   the node shows it did not take), and rewrite the hook's published-features file with
    the time in its header (a listing the hook finds too old prefers nothing). In dry-run nothing is
    written to Slurm: the cycle's changes are logged and recorded at once with `dry_run` set (one
    transaction: ~190 of them a cycle at 1,000 nodes cost 0.4-1 s of commits on MariaDB), and
@@ -35,7 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from slurm_aigc.errors import AigcError
+from slurm_aigc.errors import AigcError, SlurmCommandError
 from slurm_aigc.fsio import atomic_write_text
 from slurm_aigc.slurm import JobInfo, NodeInfo, SlurmCli
 from slurm_aigc.telemetry import features as feat
@@ -260,14 +261,34 @@ class Publisher:
             try:
                 self._slurm.update_node(plan.node, features=plan.features_after, weight=plan.weight_after,
                                         current=listed.get(plan.node))
-            except AigcError:
-                self._store.forget_publication(row_id)
-                raise
+            except AigcError as error:
+                if self._took_anyway(plan, error):
+                    self._remember_weight(plan)  # as on record, for the next cycle's hysteresis
+                else:
+                    self._store.forget_publication(row_id)
+                raise  # a failure all the same: the cycle counts it and backs off as for any other
             LOG.info("updated %s: %s", plan.node, plan.reason)
+        self._remember_weight(plan)
+        return plan
+
+    def _remember_weight(self, plan: NodePlan) -> None:
         if plan.weight_after is not None:
             assert self._last_weights is not None
             self._last_weights[plan.node] = plan.weight_after
-        return plan
+
+    def _took_anyway(self, plan: NodePlan, error: AigcError) -> bool:
+        """Whether a timed-out `scontrol update` took all the same (slurmctld may have applied it
+        before scontrol gave up): one `scontrol show node` of that node, only after a timeout."""
+        if not isinstance(error, SlurmCommandError) or error.returncode is not None:
+            return False  # refused: it never happened
+        try:
+            took = shows_plan(self._slurm.node(plan.node), plan)
+        except AigcError as reread:
+            LOG.warning("update of %s timed out and it cannot be read back (%s): not on record", plan.node, reread)
+            return False
+        LOG.warning("update of %s timed out; Slurm %s: %s", plan.node,
+                    "shows it, kept on record" if took else "does not show it, not on record", plan.reason)
+        return took
 
     def _publication(self, plan: NodePlan, now: float) -> Publication:
         return Publication(
@@ -298,6 +319,12 @@ class Publisher:
             merged = feat.merge_features(node.available_features, dynamic, feat.is_dynamic_feature)
             node = replace(node, available_features=merged, active_features=merged)
         return node if weight is None else replace(node, weight=weight)
+
+
+def shows_plan(node: NodeInfo, plan: NodePlan) -> bool:
+    """Whether Slurm's `node` has what `plan` writes: its features (as a set) and its weight."""
+    features = plan.features_after is None or feat.same_features(node.available_features, plan.features_after)
+    return features and (plan.weight_after is None or node.weight == plan.weight_after)
 
 
 def refreshed(plan: NodePlan, current: Mapping[str, tuple[str, ...]]) -> NodePlan:

@@ -25,7 +25,7 @@ from slurm_aigc.db import (
     open_database,
     transaction,
 )
-from slurm_aigc.errors import AigcError, ConfigError
+from slurm_aigc.errors import AigcError, ConfigError, DatabaseError
 from slurm_aigc.policy.paths import shipped_policy
 from slurm_aigc.slurm import CommandResult, SlurmCli
 from slurm_aigc.telemetry import agent as agent_module
@@ -154,6 +154,23 @@ def test_a_slurm_outage_does_not_stop_sampling(store: TelemetryStore) -> None:
     assert count(store, GpuSample) == 8
     slurm.down = False
     assert agent.tick().published is not None  # retried on the next tick, not after feature_check_s
+
+
+def test_a_database_outage_does_not_stop_publishing(store: TelemetryStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    node = FakeNode("dgx-01", features=["ib"])
+    slurm, clock = FakeSlurm([node]), Clock()
+    agent = make_agent(fakes.dgx_a100(), slurm, store, clock)
+    agent.tick()
+    SlurmCli(runner=slurm).reconfigure()  # Slurm forgets the static features ...
+
+    def database_down(*_args: object) -> int:
+        raise DatabaseError("database error: connection refused")
+
+    monkeypatch.setattr(store, "write_poll", database_down)  # ... while the database is down
+    clock.now += 61
+    with pytest.raises(DatabaseError, match="connection refused"):  # the tick fails as before: the loop backs off
+        agent.tick()
+    assert node.features == ["ib", "a100", "nvlink", "nvlink8", "vram80g"]
 
 
 def test_dry_run_changes_nothing(store: TelemetryStore) -> None:

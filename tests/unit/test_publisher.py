@@ -17,7 +17,7 @@ from slurm_aigc.errors import DatabaseError, SlurmCommandError
 from slurm_aigc.reclaim.config import ReclaimConfig
 from slurm_aigc.reclaim.controller import Controller
 from slurm_aigc.reclaim.store import ReclaimStore
-from slurm_aigc.slurm import JobInfo, NodeInfo, SlurmCli, job_from_json, node_from_json
+from slurm_aigc.slurm import CommandResult, JobInfo, NodeInfo, SlurmCli, job_from_json, node_from_json
 from slurm_aigc.telemetry import features as feat
 from slurm_aigc.telemetry.config import ScoringConfig
 from slurm_aigc.telemetry.gres import (
@@ -442,6 +442,36 @@ def test_one_failing_node_does_not_starve_the_others(store: TelemetryStore) -> N
         publisher.tick()
     assert "nvfree8" in slurm.nodes["a100-02"].features
     assert [p.node for p in store.publications()] == ["a100-02"]
+
+
+class TimedOutSlurm(FakeSlurm):
+    """`scontrol update` gives up waiting (run_command's timeout); slurmctld applied it when `applied`."""
+
+    def __init__(self, nodes: Sequence[FakeNode], applied: bool) -> None:
+        super().__init__(nodes)
+        self.applied = applied
+
+    def __call__(self, argv: Sequence[str], timeout_s: float, stdin: str | None = None) -> CommandResult:
+        if "update" not in argv:
+            return super().__call__(argv, timeout_s, stdin)
+        if self.applied:
+            super().__call__(argv, timeout_s, stdin)
+        else:
+            self.calls.append(list(argv))
+        raise SlurmCommandError(argv, None, f"no answer within {timeout_s:.0f} s")
+
+
+@pytest.mark.parametrize("applied", [True, False])
+def test_a_timed_out_write_stays_on_record_when_slurm_shows_it(store: TelemetryStore, applied: bool) -> None:
+    slurm = TimedOutSlurm([FakeNode("a100-01", features=["a100", "nvlink8"])], applied)
+    with pytest.raises(SlurmCommandError, match="timed out"):  # a failure all the same, as before
+        Publisher(SlurmCli(runner=slurm), store, ScoringConfig()).tick()
+    node = slurm.nodes["a100-01"]
+    assert ("nvfree8" in node.features) is applied
+    assert [(p.features_after, p.weight_after) for p in store.publications("a100-01")] == (
+        [(tuple(node.features), node.weight)] if applied else [])
+    reads_after = slurm.calls[slurm.calls.index(slurm.updates()[0]) + 1:]
+    assert len(reads_after) == 1  # one re-read of the node, only after the timeout
 
 
 def test_a_change_that_cannot_be_recorded_is_not_written(store: TelemetryStore) -> None:
