@@ -102,6 +102,12 @@ def fill(factory: sessionmaker[Session], args: argparse.Namespace) -> float:
     return time.monotonic() - started
 
 
+def polled(factory: sessionmaker[Session], ts: float) -> None:
+    """The agents' poll at `ts`: retention keeps the raw rows of 48 h before the newest sample."""
+    with transaction(factory) as session:
+        session.add(GpuSample(ts=ts, node="bench-now", gpu_index=0, sm_util_pct=0.0))
+
+
 def counts(factory: sessionmaker[Session]) -> dict[str, int]:
     with transaction(factory) as session:
         return {model.__tablename__: int(session.scalar(select(func.count()).select_from(model)) or 0) for model in TABLES}
@@ -128,6 +134,7 @@ def measure(backend: str, url: str, args: argparse.Namespace) -> Measure:
     result.insert_s = fill(factory, args)
     result.rows_before, result.bytes_before = counts(factory), size_bytes(factory)
     now = T0 + args.hours * 3600 + 48 * 3600
+    polled(factory, now)
     # No budget: the benchmark measures the whole catch-up in one run.
     run = Retention(factory, raw_retention_hours=48.0, batch_rows=args.batch_rows, default_interval_s=args.interval_s,
                     budget_s=math.inf).run(now)
@@ -161,6 +168,7 @@ def measure_budgeted(backend: str, url: str, args: argparse.Namespace) -> Budget
     result = Budgeted(backend, fill_hour(factory, args), [], 0)
     retention = Retention(factory, raw_retention_hours=48.0, batch_rows=args.batch_rows, budget_s=args.budget_s)
     now = T0 + 3600 + 48 * 3600  # the one hour is older than the retention
+    polled(factory, now)
     while True:  # as the controller: one run a tick, while a run leaves work
         started = time.monotonic()
         run = retention.run(now)

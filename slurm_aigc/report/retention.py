@@ -19,6 +19,10 @@ transactions, inside an hour too; the next run of the same `Retention` goes on w
 The first run on a database (no mark yet) starts at most `FIRST_RUN_LOOKBACK_S` before the
 retention window; older raw rows (a node whose clock said 2000) are deleted without a rollup, and
 logged.
+
+The retention window ends at the controller's clock or at the newest raw sample, whichever is
+earlier (`_cutoff`): a controller clock days ahead (until chrony steps it back) must not roll up
+and delete the window's rows, nor move the mark past the rows the agents write meanwhile.
 """
 
 from __future__ import annotations
@@ -62,6 +66,11 @@ _Pruned = type[JobGpuSample] | type[GpuSample] | type[ProcessSample] | type[Node
 # duration (`slices`), which counts gaps up to GAP_FACTOR poll intervals (here polls up to 200 s).
 _LOOKAHEAD_S = 200.0 * GAP_FACTOR
 _Key = tuple[str, str, int]  # job_id, node, gpu_index: one GPU series
+_SAMPLE_MODELS = (JobGpuSample, GpuSample, ProcessSample)
+# Agents sample every GPU each poll (10 s), busy or idle: a controller clock further than this
+# ahead of the newest sample is wrong, or every agent is down; either is worth a warning, as is a
+# mark this far past the cutoff. Less (a clock stepped back a little) is not.
+_AHEAD_WARN_S = 3 * BUCKET_S
 
 
 @dataclass
@@ -147,16 +156,41 @@ class Retention:
         self._clock = clock
         self._monotonic = monotonic
         self._hour: _Hour | None = None  # the hour a run stopped inside; a restart starts it again
+        # Warned of, until it clears: a warning an hour while it lasts would bury the first.
+        self._clock_ahead = self._mark_ahead = False
 
     def run(self, now_ts: float | None = None) -> RetentionResult:
         """Roll up every whole hour older than the retention, then delete what is rolled up, for at
         most `budget_s` (then `finished` is False and the next run goes on)."""
         result = RetentionResult()
         deadline = self._monotonic() + self._budget_s
-        cutoff = math.floor(((now_ts if now_ts is not None else self._clock()) - self._retention_s) / BUCKET_S) * BUCKET_S
+        cutoff = self._cutoff(now_ts if now_ts is not None else self._clock())
         self._roll_up(cutoff, deadline, result)
         self._prune(cutoff, deadline, result)
         return result
+
+    def _cutoff(self, now: float) -> float:
+        """The hour `raw_retention_hours` before `now` or before the newest raw sample, whichever
+        is earlier. The samples carry the agents' clocks: a controller clock ahead of them would
+        roll up and delete the rows of the retention window and leave the mark in the future,
+        where every row written after the clock is set right lies before the mark, so it is in
+        no rollup and deleted. A node clock ahead is bounded by `now`. One MAX a table, read
+        from the end of its ts index."""
+        with transaction(self._factory) as session:
+            found = [session.scalar(select(func.max(model.ts))) for model in _SAMPLE_MODELS]
+        newest = max((float(ts) for ts in found if ts is not None), default=None)
+        if newest is None:  # no raw row to keep: the publisher's records follow the clock
+            return math.floor((now - self._retention_s) / BUCKET_S) * BUCKET_S
+        self._warn_clock_ahead(now, newest)
+        return math.floor((min(now, newest) - self._retention_s) / BUCKET_S) * BUCKET_S
+
+    def _warn_clock_ahead(self, now: float, newest: float) -> None:
+        ahead = now - newest > _AHEAD_WARN_S
+        if ahead and not self._clock_ahead:
+            LOG.warning("retention: this host's clock (%s) is %.1f h past the newest raw sample (%s): its clock "
+                        "ahead, or no agent writing? raw samples are kept %g h back from the newest", _iso(now),
+                        (now - newest) / 3600, _iso(newest), self._retention_s / 3600)
+        self._clock_ahead = ahead
 
     def _roll_up(self, cutoff: float, deadline: float, result: RetentionResult) -> None:
         started = self._monotonic()
@@ -180,14 +214,28 @@ class Retention:
         started = self._monotonic()
         with transaction(self._factory) as session:
             mark = rolled_until(session)
-        targets: list[tuple[_Pruned, ColumnElement[bool]]] = [] if mark is None else [
-            (model, model.ts < mark) for model in (JobGpuSample, GpuSample, ProcessSample)]
+        targets: list[tuple[_Pruned, ColumnElement[bool]]] = []
+        if mark is not None:  # rolled up and out of the window (a mark past the cutoff: see the warning)
+            self._warn_mark_ahead(mark, cutoff)
+            targets = [(model, model.ts < min(mark, cutoff)) for model in _SAMPLE_MODELS]
         targets.append((NodePublication, _old_publications(cutoff)))
         for model, condition in targets:
             deleted, done = self._delete_batched(model, condition, deadline)
             result.deleted[model.__tablename__] = deleted
             result.finished = result.finished and done
         result.delete_s = self._monotonic() - started
+
+    def _warn_mark_ahead(self, mark: float, cutoff: float) -> None:
+        """A mark past the cutoff: left by a version that took the cutoff from a clock ahead, or
+        `raw_retention_hours` raised since. The mark never moves back (`_set_mark`) and reports
+        read rollups before it, so the raw rows between the cutoff and the mark are kept but read
+        by no report, and deleted without a rollup once out of the window."""
+        ahead = mark - cutoff > _AHEAD_WARN_S
+        if ahead and not self._mark_ahead:
+            LOG.warning("retention: the mark (%s) is past the retention window's start (%s): a run with the clock "
+                        "ahead, or raw_retention_hours raised since? raw rows before the mark are in no report "
+                        "and kept only until they leave the window", _iso(mark), _iso(cutoff))
+        self._mark_ahead = ahead
 
     def _first_bucket(self, cutoff: float) -> float | None:
         """The mark, else the hour of the oldest raw row of any table (a node whose GPUs have not
@@ -199,7 +247,7 @@ class Retention:
             mark = rolled_until(session)
             if mark is not None:
                 return mark
-            found = [session.scalar(select(func.min(model.ts))) for model in (JobGpuSample, GpuSample, ProcessSample)]
+            found = [session.scalar(select(func.min(model.ts))) for model in _SAMPLE_MODELS]
             oldest = [float(ts) for ts in found if ts is not None]
             if not oldest:
                 return None

@@ -428,14 +428,18 @@ def _store_stream(tmp_path: Path, rows: list[dict[str, object]], since: float, u
     """The stream `report` reads: hours before `mark` from their rollups (retention ran), the rest raw."""
     from sqlalchemy import insert
 
-    from slurm_aigc.db import JobGpuSample, open_database, transaction
-    from slurm_aigc.report.retention import Retention
+    from slurm_aigc.db import GpuSample, JobGpuSample, open_database, transaction
+    from slurm_aigc.report.retention import Retention, rolled_until
     from slurm_aigc.report.samples import SampleStore
 
     db = open_database(f"sqlite:///{tmp_path / 'stream.db'}")
     with transaction(db) as session:
         session.execute(insert(JobGpuSample), rows)
+        # The agents' poll at the run's time: retention keeps what is newer than the newest sample's hour.
+        session.add(GpuSample(ts=mark + 3600, node="t4-01", gpu_index=0, sm_util_pct=0.0))
     Retention(db, raw_retention_hours=1.0).run(now_ts=mark + 3600)
+    with transaction(db) as session:
+        assert rolled_until(session) == mark  # the hours before the mark come from their rollups
     return list(SampleStore(db).job_slices(since, until))
 
 

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import event, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from slurm_aigc.db import ActionRecord, JobGpuRollup, JobGpuSample, RetentionState, open_database, transaction
+from slurm_aigc.db import ActionRecord, GpuSample, JobGpuRollup, JobGpuSample, RetentionState, open_database, transaction
 from slurm_aigc.errors import DatabaseError
 from slurm_aigc.report.figures import ReportParams, build_report
 from slurm_aigc.report.records import slices
@@ -192,12 +192,19 @@ def test_retention_between_reading_the_mark_and_the_rows_loses_no_hour(db_url: s
     times = [T0 + 10 * i for i in range(6 * 360)]  # six hours at 50 %
     add_series(db, "41", 0, times, [50.0] * len(times))
     expected = sum(p.used_gpu_s or 0.0 for p in SampleStore(db).job_slices(T0, T0 + 6 * 3600))
+    now = T0 + 3 * 3600 + 48 * 3600
+    with transaction(db) as session:  # the agents' poll at that time: retention goes by the newest sample
+        session.add(GpuSample(ts=now, node="t4-01", gpu_index=0, sm_util_pct=0.0))
+    moved: list[float | None] = []
 
     def mark_then_retention(session: Session) -> float | None:
         mark = rolled_until(session)
-        Retention(db, raw_retention_hours=48.0).run(T0 + 3 * 3600 + 48 * 3600)
+        Retention(db, raw_retention_hours=48.0).run(now)
+        with transaction(db) as after:
+            moved.append(rolled_until(after))
         return mark
 
     monkeypatch.setattr(samples_module, "rolled_until", mark_then_retention)
     read = sum(p.used_gpu_s or 0.0 for p in SampleStore(db).job_slices(T0, T0 + 6 * 3600))
+    assert moved == [T0 + 3 * 3600]  # retention did roll the three hours up in between
     assert read == pytest.approx(expected) and expected == pytest.approx(6 * 3600 * 0.5)

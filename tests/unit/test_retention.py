@@ -19,6 +19,7 @@ from slurm_aigc.db import (
     JobGpuRollup,
     JobGpuSample,
     NodePublication,
+    RetentionState,
     open_database,
     transaction,
 )
@@ -26,6 +27,7 @@ from slurm_aigc.errors import DatabaseError
 from slurm_aigc.reclaim.store import ReclaimStore
 from slurm_aigc.report.retention import (
     BUCKET_S,
+    DEFAULT_RAW_RETENTION_HOURS,
     FIRST_RUN_LOOKBACK_S,
     Retention,
     RetentionResult,
@@ -58,7 +60,16 @@ class SteppingClock:
 def factory(db_url: str) -> sessionmaker[Session]:
     factory = open_database(db_url)
     seed(factory)
+    polled(factory, NOW)
     return factory
+
+
+def polled(factory: sessionmaker[Session], ts: float) -> None:
+    """An idle GPU's sample at `ts`. Agents sample every GPU each poll, so the newest sample says
+    what time it is: retention keeps the raw rows of `raw_retention_hours` before it, whatever
+    the controller's clock says."""
+    with transaction(factory) as session:
+        session.add(GpuSample(ts=ts, node="t4-01", gpu_index=0, sm_util_pct=0.0))
 
 
 def seed(factory: sessionmaker[Session]) -> None:
@@ -101,9 +112,10 @@ def test_report_totals_over_rolled_up_hours_equal_the_raw_totals(factory: sessio
     assert set(before) == {"41", "42", "43"} and before["41"][0] > 0
     result = Retention(factory, raw_retention_hours=48.0, batch_rows=700, budget_s=math.inf).run(NOW)
     assert result.hours_rolled == HOURS and result.rollup_rows == 2 * 6 + 1 * 3 + 4 * 4
-    assert count(factory, JobGpuSample) == 1 and count(factory, GpuSample) == 1  # each table's highest id stays
-    raw_rows = 2 * 6 * 360 + 1 * 3 * 360 + 4 * 4 * 360 - 1
-    assert result.deleted == {"job_gpu_samples": raw_rows, "gpu_samples": raw_rows, "process_samples": 0,
+    # job_gpu_samples' highest id stays; in gpu_samples it is the idle GPU's sample at NOW
+    assert count(factory, JobGpuSample) == 1 and count(factory, GpuSample) == 1
+    raw_rows = 2 * 6 * 360 + 1 * 3 * 360 + 4 * 4 * 360
+    assert result.deleted == {"job_gpu_samples": raw_rows - 1, "gpu_samples": raw_rows, "process_samples": 0,
                               "node_publications": 0}
     assert totals(factory, *window) == before
 
@@ -166,6 +178,7 @@ def test_the_highest_id_stays_so_that_new_samples_get_higher_ids(db_url: str) ->
                                                 "sm_util_pct": 0.0} for i in range(720)])
     store = ReclaimStore(factory)
     watermark = max(row.id for row in store.samples(["100"], 0.0))  # what the running controller remembers
+    polled(factory, NOW)
     result = Retention(factory, 48.0, budget_s=math.inf).run(NOW)
     assert result.deleted["job_gpu_samples"] == 719
     with transaction(factory) as session:
@@ -183,6 +196,7 @@ def test_no_statement_binds_more_than_an_old_sqlite_allows(tmp_path: Path) -> No
     with transaction(factory) as session:  # an hour of 1,000 short jobs, three polls each
         session.execute(insert(JobGpuSample), [{"ts": T0 + 10 * i, "node": "a100-01", "job_id": str(job), "gpu_index": 0,
                                                 "sm_util_pct": 50.0} for job in range(1000) for i in range(3)])
+    polled(factory, NOW)
     result = Retention(factory, 48.0, budget_s=math.inf).run(NOW)  # one batch of DEFAULT_BATCH_ROWS
     assert result.rollup_rows == 1000 and result.deleted["job_gpu_samples"] == 2999
 
@@ -192,8 +206,9 @@ def test_gpu_samples_are_pruned_before_any_job_has_a_sample(db_url: str) -> None
     with transaction(factory) as session:
         session.execute(insert(GpuSample), [{"ts": T0 + 10 * i, "node": "t4-01", "gpu_index": 0, "sm_util_pct": 0.0}
                                             for i in range(HOURS * 360)])
+    polled(factory, NOW)
     result = Retention(factory, 48.0, budget_s=math.inf).run(NOW)
-    assert result.deleted["gpu_samples"] == HOURS * 360 - 1 and count(factory, GpuSample) == 1  # the highest id stays
+    assert result.deleted["gpu_samples"] == HOURS * 360 and count(factory, GpuSample) == 1  # the sample at NOW
     assert result.hours_rolled == HOURS and count(factory, JobGpuRollup) == 0
 
 
@@ -252,7 +267,8 @@ def test_a_sample_from_a_wrong_clock_is_deleted_without_rolling_up_every_hour_si
     result = Retention(factory, 48.0, budget_s=math.inf).run(NOW)
     lookback_hours = int(FIRST_RUN_LOOKBACK_S / BUCKET_S)
     assert result.hours_rolled == lookback_hours  # from the bound to the retention window, not from the wrong row
-    assert result.rollup_rows == 2 * 6 + 1 * 3 + 4 * 4 and count(factory, JobGpuSample) == count(factory, GpuSample) == 1
+    assert result.rollup_rows == 2 * 6 + 1 * 3 + 4 * 4 and count(factory, JobGpuSample) == 1
+    assert count(factory, GpuSample) == 2  # the highest id (the wrong one) and the sample at NOW
     with transaction(factory) as session:
         assert session.scalar(select(func.min(JobGpuRollup.bucket_ts))) == T0  # job 7's wrong hour: never rolled up
     assert totals(factory, *window) == before
@@ -362,6 +378,7 @@ def test_an_hour_is_read_whole_where_the_server_prints_floats_rounded(db_url: st
                                                for ts in stamps])
     with transaction(factory) as session:
         assert sorted(session.scalars(select(JobGpuSample.ts))) == stamps
+    polled(factory, NOW)
     result = Retention(factory, 48.0, batch_rows=2, budget_s=math.inf).run(NOW)
     assert result.raw_rows_read == 5 and result.rollup_rows == 1
 
@@ -429,6 +446,7 @@ def test_a_first_run_stopped_inside_an_hour_goes_on_from_it_after_the_lookback_h
     while not count(factory, JobGpuRollup):
         assert first.run(NOW).partial_hour
     later = NOW + FIRST_RUN_LOOKBACK_S + 86400  # the lookback bound is now past every seeded hour
+    polled(factory, later)
     result = Retention(factory, 48.0, budget_s=math.inf).run(later)
     assert result.hours_rolled > HOURS and result.rollup_rows == 2 * 6 + 1 * 3 + 4 * 4
     assert totals(factory, *window) == before
@@ -445,9 +463,83 @@ def test_an_instant_with_more_rows_than_a_batch_is_read_whole(db_url: str, batch
              "sm_util_pct": float((i + gpu) % 100), "memory_used_mib": float(i % 7), "memory_total_mib": 81920.0}
             for i in range(360 + 30) for gpu in range(6)])
     before = totals(factory, T0, T0 + 3600)
+    polled(factory, T0 + 3600 + 48 * 3600)
     result = Retention(factory, 48.0, batch_rows=batch_rows, budget_s=math.inf).run(T0 + 3600 + 48 * 3600)
     assert result.hours_rolled == 1 and result.rollup_rows == 6 and result.raw_rows_read == (360 + 30) * 6
     assert totals(factory, T0, T0 + 3600) == before
     with transaction(factory) as session:
         rows = session.scalars(select(JobGpuRollup).order_by(JobGpuRollup.gpu_index)).all()
         assert [(r.samples, r.duration_s, r.memory_used_mib_max) for r in rows] == [(360, 3600.0, 6.0)] * 6
+
+
+def poll_job(factory: sessionmaker[Session], since: float, until: float) -> None:
+    """A job's GPU polled every 60 s over [since, until): its job and GPU samples."""
+    rows = [{"ts": since + 60 * i, "node": "a100-01", "job_id": "61", "gpu_index": 0, "sm_util_pct": float(i % 101)}
+            for i in range(int((until - since) / 60))]
+    with transaction(factory) as session:
+        session.execute(insert(JobGpuSample), rows)
+        session.execute(insert(GpuSample), [{k: row[k] for k in ("ts", "node", "gpu_index", "sm_util_pct")} for row in rows])
+
+
+def raw_since(factory: sessionmaker[Session], since: float) -> tuple[int, int]:
+    with transaction(factory) as session:
+        return (int(session.scalar(select(func.count()).where(JobGpuSample.ts >= since)) or 0),
+                int(session.scalar(select(func.count()).where(GpuSample.ts >= since)) or 0))
+
+
+def test_a_controller_clock_days_ahead_deletes_neither_the_window_nor_the_rows_written_after_it_is_set_right(
+        db_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    # The cutoff came from the controller's clock alone: 5 days ahead (until chrony stepped it
+    # back), a run rolled up and deleted the last 48 h of 60 h of samples and left the mark 72 h
+    # ahead; after the step every run deleted the new rows, in no rollup, until time reached it.
+    factory = open_database(db_url)
+    now, retention_s = T0 + 60 * 3600, DEFAULT_RAW_RETENTION_HOURS * 3600
+    poll_job(factory, T0, now)
+    window, before = raw_since(factory, now - retention_s), totals(factory, T0, now)
+    clock = [now + 5 * 86400.0]
+    caplog.set_level(logging.WARNING, logger="slurm_aigc.report.retention")
+    retention = Retention(factory, budget_s=math.inf, clock=lambda: clock[0])
+    assert retention.run().hours_rolled > 0  # the hours before the window are rolled up as ever
+    assert raw_since(factory, now - retention_s) == window == (48 * 60, 48 * 60)
+    assert (mark(factory) or math.inf) <= now - retention_s and totals(factory, T0, now) == before
+    assert "past the newest raw sample" in caplog.text
+    clock[0] = now + 3600  # set right; the agents went on
+    poll_job(factory, now, now + 3600)
+    before = totals(factory, T0, now + 3600)
+    retention.run()
+    assert raw_since(factory, now) == (60, 60) and raw_since(factory, now + 3600 - retention_s) == (48 * 60, 48 * 60)
+    assert totals(factory, T0, now + 3600) == before
+
+
+def test_a_mark_left_ahead_by_a_clock_ahead_deletes_no_row_within_the_window(
+        db_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    # A version that took the cutoff from the clock alone left the mark 72 h ahead: every run
+    # deleted the rows written since, within the retention window, because they lay before it.
+    factory = open_database(db_url)
+    now = T0 + 60 * 3600
+    poll_job(factory, now - 3600, now)
+    with transaction(factory) as session:
+        session.add(RetentionState(id=1, rolled_until=now + 72 * 3600))
+    caplog.set_level(logging.WARNING, logger="slurm_aigc.report.retention")
+    result = Retention(factory, budget_s=math.inf, clock=lambda: now).run()
+    assert result.deleted == {"job_gpu_samples": 0, "gpu_samples": 0, "process_samples": 0, "node_publications": 0}
+    assert raw_since(factory, now - 3600) == (60, 60) and mark(factory) == now + 72 * 3600  # the mark never moves back
+    assert "the mark (2026-12-05T12:00:00+00:00) is past the retention window's start" in caplog.text
+
+
+def test_the_newest_sample_is_read_from_the_end_of_each_ts_index(factory: sessionmaker[Session]) -> None:
+    # Every run reads each sample table's newest ts (the window's end): without the index, a scan
+    # of the 400 million raw rows a 48 h window holds at 1,000 nodes.
+    with factory() as session:
+        engine = session.get_bind().engine
+    newest = sent(engine, lambda statement: statement.startswith("SELECT max(") and ".ts)" in statement,
+                  lambda: Retention(factory, 48.0, budget_s=math.inf).run(NOW))
+    seed(factory)  # plans of the tables as they were, every row there
+    indexes = {"job_gpu_samples": "ix_job_gpu_samples_ts", "gpu_samples": GPU_SAMPLES_COVERING_INDEX,
+               "process_samples": "ix_process_samples_ts"}
+    assert sorted(statement.split("(", 2)[1].split(".")[0] for statement, _ in newest) == sorted(indexes)
+    for statement, parameters in newest:
+        table = statement.split("(", 2)[1].split(".")[0]
+        # MariaDB answers from the index's end before the plan: "Select tables optimized away".
+        assert plan(engine, statement, parameters, table) in (Plan(frozenset({indexes[table]}), sorts=False),
+                                                              Plan(frozenset(), sorts=False)), statement
