@@ -72,6 +72,27 @@ def test_a_gpu_still_holding_a_shard_job_is_never_given_whole(cluster: Any, jobs
         f"still holds GPU {shared}")
 
 
+def test_a_gpu_asked_as_all_of_its_shards_is_kept_apart_on_every_release(cluster: Any, jobs: list[str]) -> None:
+    """What Slurm keeps right where the defect above bites (measured on 22.05.8, 2026-12-06): a
+    one-GPU job asking for the GPU as all of its shards waits while a shard job holds part of
+    every free GPU (shards of one job are never split over GPUs), gets the GPU once that job
+    ends, and a whole-GPU job is never given a GPU it holds. The ground for a mitigation of the
+    defect on 22.05 (docs/hook.md), not yet one."""
+    node, gres, shard_job, shared = one_shard_job_left(cluster, jobs)
+    per_gpu = next(n for n in cluster.local.shape().nodes if n.name == node).shards_per_gpu
+    newcomer = submit(cluster, SLEEP, f"--gres=shard:{per_gpu}", f"--nodelist={node}")
+    jobs.append(newcomer)
+    info = wait_for(lambda: decided(cluster, newcomer), 60, f"the scheduler to decide on job {newcomer}")
+    assert info.state == "PENDING", f"job {newcomer} got {allocated_gpu_indices(cluster, newcomer)} beside {shard_job}"
+    cluster.slurm.cancel(shard_job)
+    wait_job_state(cluster, newcomer, "RUNNING", timeout_s=60)
+    assert allocated_gpu_indices(cluster, newcomer) == shared
+    whole = submit(cluster, SLEEP, f"--gres={gres}", f"--nodelist={node}")
+    jobs.append(whole)
+    info = wait_for(lambda: decided(cluster, whole), 60, f"the scheduler to decide on job {whole}")
+    assert info.state == "PENDING", f"job {whole} got GPU {allocated_gpu_indices(cluster, whole)} held as shards"
+
+
 def decided(cluster: Any, job_id: str) -> Any:
     """The job once Slurm has started it or left it pending for Resources, else None."""
     info = cluster.slurm.job(job_id)
