@@ -19,10 +19,11 @@ import click
 
 from slurm_aigc.cli.env import CliEnv, command_env
 from slurm_aigc.cli.replay_run import backlog_option, compare, compression_lines, run_workload_command
-from slurm_aigc.cli.replay_traces import GeneratorChoice, generator_options, workload_from_traces
+from slurm_aigc.cli.replay_traces import COMPRESSION_TYPE, GeneratorChoice, generator_options, positive_float, workload_from_traces
 from slurm_aigc.errors import AigcError, DatabaseError
 from slurm_aigc.replay.from_sacct import FromSacctParams, workload_from_sacct
-from slurm_aigc.replay.workload import Workload, span_s, summarize
+from slurm_aigc.replay.generator import MAX_COMPRESSION
+from slurm_aigc.replay.workload import MAX_SECONDS, Workload, span_s, summarize
 from slurm_aigc.replay.workload_files import read_workload, write_workload
 from slurm_aigc.report.records import SampleSlice
 from slurm_aigc.report.sacct import (
@@ -53,12 +54,13 @@ def _env(ctx: click.Context) -> ReplayEnv:
 @click.option("--since", "-S", default="now-1days", show_default=True, help="With --from-sacct: start (like sacct -S).")
 @click.option("--until", "-E", default="now", show_default=True, help="With --from-sacct: end (like sacct -E).")
 @click.option("--output", "-o", type=click.Path(path_type=Path, dir_okay=False), help="With --from-sacct: write the workload here.")
-@click.option("--compression", type=float, default=1.0, show_default=True, help="With --from-sacct: divide offsets and durations by this.")
-@click.option("--max-jobs", type=int, default=0, show_default=True, help="With --from-sacct: keep the first N jobs (0: all).")
+@click.option("--compression", type=COMPRESSION_TYPE, default=1.0, show_default=True,
+              help="With --from-sacct: divide offsets and durations by this.")
+@click.option("--max-jobs", type=click.IntRange(min=0), default=0, show_default=True, help="With --from-sacct: keep the first N jobs (0: all).")
 @click.option("--db", "db_url", default=None, help="Samples database URL (default: SLURM_AIGC_DB_URL or the local SQLite file).")
 @click.option("--no-samples", is_flag=True, help="With --from-sacct: ignore the samples database.")
 @backlog_option
-@click.option("--duration-s", type=float, default=None, help="With --workload --backlog: how long to keep the backlog.")
+@click.option("--duration-s", type=positive_float(MAX_SECONDS), default=None, help="With --workload --backlog: how long to keep the backlog.")
 @click.pass_context
 def replay(
     ctx: click.Context,
@@ -96,8 +98,8 @@ def _from_sacct(
 ) -> None:
     if output is None:
         raise click.UsageError("--from-sacct needs --output FILE (running it directly comes with the replay runner)")
-    if params.compression <= 0:
-        raise click.BadParameter("must be > 0", param_hint="--compression")
+    if not (0 < params.compression <= MAX_COMPRESSION):  # nan fails this too
+        raise click.BadParameter(f"must be a finite number > 0 and <= {MAX_COMPRESSION}", param_hint="--compression")
     env = _env(ctx)
     now = env.now()
     # With steps: their gres/gpuutil and gres/gpumem stand in for a job's samples where none are kept.

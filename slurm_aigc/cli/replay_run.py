@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from slurm_aigc.cli.replay_traces import GeneratorChoice, generator_options, workload_from_traces
+from slurm_aigc.cli.replay_traces import GeneratorChoice, generator_options, positive_float, workload_from_traces
 from slurm_aigc.localcluster.config import NOOP_HOOK_LUA, TEST_USERS
 from slurm_aigc.localcluster.manager import LocalCluster
 from slurm_aigc.policy.paths import default_policy
@@ -26,7 +26,7 @@ from slurm_aigc.replay.compare import (
 )
 from slurm_aigc.replay.runner import MODES, RunSettings, run_modes
 from slurm_aigc.replay.timescale import compression_report
-from slurm_aigc.replay.workload import Workload
+from slurm_aigc.replay.workload import MAX_SECONDS, Workload
 from slurm_aigc.replay.workload_files import read_workload, write_workload
 from slurm_aigc.report.figures import UsefulRule, useful_rules
 
@@ -85,7 +85,8 @@ def useful_rule(policy: Path | None) -> tuple[UsefulRule, list[str]]:
 @click.option("--out-dir", type=click.Path(path_type=Path, file_okay=False), default=Path("replay-out"), show_default=True)
 @click.option("--timeout", "timeout_s", type=float, default=1800.0, show_default=True, help="Give up waiting after this many seconds.")
 @backlog_option
-@click.option("--duration-s", type=float, default=None, help="With --backlog: how long to keep the backlog.")
+@click.option("--duration-s", type=positive_float(MAX_SECONDS), default=None,
+              help="With --backlog: how long to keep the backlog.")
 @click.option("--db", "db", default=None, metavar="URL|FILE",
               help="Daemons' database, kept as it is (e.g. an earlier run's, for a warm learned table); "
                    "default: a fresh one per run.")

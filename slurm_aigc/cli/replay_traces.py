@@ -6,6 +6,7 @@ commands that run on the local cluster) both import it and not each other.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -14,9 +15,29 @@ from typing import Any
 import click
 
 from slurm_aigc.replay import generator, traces
-from slurm_aigc.replay.workload import Workload
+from slurm_aigc.replay.workload import MAX_SECONDS, Workload
 
 TRACE_CHOICES = (*traces.TRACES, "mix")
+
+
+class FiniteFloatRange(click.FloatRange):
+    """click.FloatRange that refuses nan (which passes every comparison) and inf as well."""
+
+    name = "float range"  # the metavar, as click.FloatRange has it
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
+
+
+def positive_float(maximum: float | None = None) -> FiniteFloatRange:
+    """A finite number > 0 (and <= `maximum`): compressions, durations, loads."""
+    return FiniteFloatRange(min=0, max=maximum, min_open=True)
+
+
+COMPRESSION_TYPE = positive_float(generator.MAX_COMPRESSION)
 
 
 def default_trace_input() -> Path:
@@ -47,18 +68,21 @@ def generator_options(function: Callable[..., Any]) -> Callable[..., Any]:
                      help="Trace file, or a folder holding it (for mix: the traces folder with the three subfolders); "
                           "default ../shared/traces, else the project's small fixtures."),
         click.option("--seed", type=int, default=None, help="Random seed (default 1)."),
-        click.option("--compression", type=float, default=None,
+        click.option("--compression", type=COMPRESSION_TYPE, default=None,
                      help="Trace seconds per replay second, for arrivals and durations (default 60)."),
-        click.option("--duration-s", type=float, default=None, help="Replay seconds over which jobs arrive (default 150)."),
-        click.option("--minutes", type=float, default=None, help="Same as --duration-s, in minutes."),
-        click.option("--max-jobs", type=int, default=None, help="At most this many jobs (default 150)."),
-        click.option("--capacity-gpus", type=int, default=None, help="GPUs of the cluster the load is sized for (default 24)."),
-        click.option("--load", "load_target", type=float, default=None, help="Whole-GPU demand / capacity over the window (default 2.0)."),
-        click.option("--window-start-s", type=float, default=None, help="Trace seconds after its first arrival where the window starts."),
-        click.option("--untagged-fraction", type=click.FloatRange(0, 1), default=None,
+        click.option("--duration-s", type=positive_float(MAX_SECONDS), default=None, help="Replay seconds over which jobs arrive (default 150)."),
+        click.option("--minutes", type=positive_float(MAX_SECONDS // 60), default=None, help="Same as --duration-s, in minutes."),
+        click.option("--max-jobs", type=click.IntRange(1, generator.MAX_COUNT), default=None, help="At most this many jobs (default 150)."),
+        click.option("--capacity-gpus", type=click.IntRange(1, generator.MAX_COUNT), default=None,
+                     help="GPUs of the cluster the load is sized for (default 24)."),
+        click.option("--load", "load_target", type=positive_float(generator.MAX_LOAD_TARGET), default=None,
+                     help="Whole-GPU demand / capacity over the window (default 2.0)."),
+        click.option("--window-start-s", type=FiniteFloatRange(min=0), default=None,
+                     help="Trace seconds after its first arrival where the window starts."),
+        click.option("--untagged-fraction", type=FiniteFloatRange(0, 1), default=None,
                      help="Share of jobs submitted without an aigc: tag, drawn per job from the seed (default 0)."),
         click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Any generator parameter (e.g. infer.loading_s=5)."),
-        click.option("--show-skipped", type=int, default=5, show_default=True, help="Print this many skipped trace rows."),
+        click.option("--show-skipped", type=click.IntRange(min=0), default=5, show_default=True, help="Print this many skipped trace rows."),
     ]
     for option in reversed(options):
         function = option(function)
@@ -102,6 +126,7 @@ def workload_from_traces(choice: GeneratorChoice) -> tuple[Workload, generator.G
         "untagged_fraction": choice.untagged_fraction,
     }
     params = replace(params, **{k: v for k, v in named.items() if v is not None})
+    generator.check_params(params)  # before reading traces: a bad value is reported at once
     input_path = choice.input_path or default_trace_input()
     names = traces.TRACES if choice.trace == "mix" else (choice.trace,)
     sources = {}

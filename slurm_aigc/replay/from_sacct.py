@@ -58,7 +58,11 @@ def workload_from_sacct(
     params: FromSacctParams = FromSacctParams(),
     meta: Mapping[str, str] | None = None,
 ) -> tuple[Workload, list[Omitted]]:
-    """Records (several per requeued job) and samples -> (workload, jobs left out)."""
+    """Records (several per requeued job) and samples -> (workload, jobs left out).
+
+    Raises ValueError for a compression that is not a finite number > 0 or a negative max_jobs.
+    """
+    _check_params(params)
     by_job = _group(records)
     samples = _samples_by_job(slices)
     omitted: list[Omitted] = []
@@ -79,6 +83,14 @@ def workload_from_sacct(
     jobs = tuple(_offset(job, (submit - origin) / params.compression) for submit, job in drafts)
     info = {"generator": "slurm-aigc replay --from-sacct", "compression": f"{params.compression:g}", **(meta or {})}
     return Workload(jobs, info), omitted
+
+
+def _check_params(params: FromSacctParams) -> None:
+    """The CLI's option types refuse these first (`--compression`, `--max-jobs`); this guards other callers."""
+    if not (params.compression > 0 and math.isfinite(params.compression)):
+        raise ValueError(f"compression must be a finite number > 0, got {params.compression!r}")
+    if params.max_jobs < 0:
+        raise ValueError(f"max_jobs must be >= 0 (0: all), got {params.max_jobs}")
 
 
 def _group(records: Iterable[JobRecord]) -> dict[str, list[JobRecord]]:

@@ -32,6 +32,9 @@ from slurm_aigc.errors import AigcError
 from slurm_aigc.profiles import Phase, total_seconds
 from slurm_aigc.replay.tracejobs import TraceJob
 from slurm_aigc.replay.workload import (
+    MAX_GPUS,
+    MAX_SECONDS,
+    MAX_VRAM_GIB,
     Workload,
     WorkloadJob,
     format_tags,
@@ -39,6 +42,10 @@ from slurm_aigc.replay.workload import (
 
 USAGE_KINDS = ("busy", "bursty", "idle_tail", "over_allocated", "hung")
 SOURCE_PREFIX = {"alibaba-2023": "openb", "genai-2026": "genai", "philly": "philly"}
+MAX_COMPRESSION = 1_000_000  # trace seconds per replay second: 11.6 trace days a second is plenty
+MAX_TIME_LIMIT_FACTOR = 100.0
+MAX_LOAD_TARGET = 1_000_000
+MAX_COUNT = 1_000_000  # capacity_gpus, max_jobs: far past any cluster, well short of float overflow
 
 
 class GeneratorError(AigcError):
@@ -160,7 +167,7 @@ def generate(sources: Mapping[str, Sequence[TraceJob]], params: GeneratorParams)
 
     One source gets the whole load; several share it by `params.mix_weights`.
     """
-    _check_params(params)
+    check_params(params)
     weights = _weights(sources, params)
     jobs: list[WorkloadJob] = []
     windows: dict[str, int] = {}
@@ -184,22 +191,105 @@ def generate(sources: Mapping[str, Sequence[TraceJob]], params: GeneratorParams)
     return Workload(tuple(named), meta)
 
 
-def _check_params(params: GeneratorParams) -> None:
-    checks = [
-        (params.compression > 0, "compression must be > 0"),
-        (params.arrival_window_s > 0, "arrival_window_s must be > 0"),
-        (0 < params.min_duration_s <= params.max_duration_s, "need 0 < min_duration_s <= max_duration_s"),
-        (params.capacity_gpus > 0, "capacity_gpus must be > 0"),
-        (params.load_target > 0, "load_target must be > 0"),
-        (params.max_jobs > 0, "max_jobs must be > 0"),
-        (params.max_gpus_per_job > 0, "max_gpus_per_job must be > 0"),
-        (params.time_limit_factor >= 1, "time_limit_factor must be >= 1"),
-        (bool(params.users), "users must not be empty"),
-        (0 <= params.untagged_fraction <= 1, "untagged_fraction must be in 0..1"),
+def check_params(params: GeneratorParams) -> None:
+    """Every number finite and in its range, so a bad `--set` is one clear error, not a traceback later."""
+    problems = [
+        *_time_problems(params),
+        *_load_problems(params),
+        *_shape_problems(params),
+        *(p for c in ("infer", "imagegen", "train", "finetune") for p in _class_problems(c, params.class_params(c))),
     ]
-    for ok, problem in checks:
-        if not ok:
-            raise GeneratorError(f"generator parameters: {problem}")
+    if problems:
+        raise GeneratorError(f"generator parameters: {'; '.join(problems)}")
+
+
+def _time_problems(params: GeneratorParams) -> list[str]:
+    problems = [
+        _outside("compression", params.compression, 0, MAX_COMPRESSION, low_open=True),
+        _outside("arrival_window_s", params.arrival_window_s, 0, MAX_SECONDS, low_open=True),
+        _outside("min_duration_s", params.min_duration_s, 0, MAX_SECONDS, low_open=True),
+        _outside("max_duration_s", params.max_duration_s, 0, MAX_SECONDS, low_open=True),
+        _outside("time_limit_factor", params.time_limit_factor, 1, MAX_TIME_LIMIT_FACTOR),
+        _outside("genai_session_gap_s", params.genai_session_gap_s, 0, MAX_SECONDS),
+    ]
+    if params.window_start_s is not None:
+        problems.append(_outside("window_start_s", params.window_start_s, 0, math.inf))
+    if params.min_duration_s > params.max_duration_s:
+        problems.append("need min_duration_s <= max_duration_s")
+    return [p for p in problems if p]
+
+
+def _load_problems(params: GeneratorParams) -> list[str]:
+    problems = [
+        _outside("capacity_gpus", params.capacity_gpus, 1, MAX_COUNT),
+        _outside("load_target", params.load_target, 0, MAX_LOAD_TARGET, low_open=True),
+        _outside("max_jobs", params.max_jobs, 1, MAX_COUNT),
+        _outside("max_gpus_per_job", params.max_gpus_per_job, 1, MAX_GPUS),
+        _outside("untagged_fraction", params.untagged_fraction, 0, 1),
+        "" if params.users else "users must not be empty",
+    ]
+    problems += [_outside(f"mix_weights {name}", weight, 0, math.inf) for name, weight in params.mix_weights]
+    return [p for p in problems if p]
+
+
+def _shape_problems(params: GeneratorParams) -> list[str]:
+    """VRAM, memory and profile-shape parameters (bursts of at least 1 s: 0 s would never end)."""
+    bounds: list[tuple[str, float, float, float]] = [
+        ("openb_share_vram_gib", params.openb_share_vram_gib, 0, MAX_VRAM_GIB),
+        ("share_vram_max_gib", params.share_vram_max_gib, 0, MAX_VRAM_GIB),
+        ("imagegen_vram_gib_base", params.imagegen_vram_gib_base, 0, MAX_VRAM_GIB),
+        ("imagegen_vram_gib_per_lora", params.imagegen_vram_gib_per_lora, 0, MAX_VRAM_GIB),
+        ("imagegen_vram_gib_per_image", params.imagegen_vram_gib_per_image, 0, MAX_VRAM_GIB),
+        ("loading_fraction_max", params.loading_fraction_max, 0, 1),
+        ("min_work_s", params.min_work_s, 0, MAX_SECONDS),
+        ("burst_busy_s", params.burst_busy_s, 1, MAX_SECONDS),
+        ("burst_idle_s", params.burst_idle_s, 1, MAX_SECONDS),
+        ("hung_busy_fraction", params.hung_busy_fraction, 0, 1),
+        ("hung_overrun_s", params.hung_overrun_s, 0, MAX_SECONDS),
+        ("over_allocated_used_fraction", params.over_allocated_used_fraction, 0, 1),
+        ("requeue_remaining_fraction", params.requeue_remaining_fraction, 0, 1),
+    ]
+    problems = [_outside(name, value, low, high) for name, value, low, high in bounds]
+    problems += [
+        _range_problem("mem_use_fraction_range", params.mem_use_fraction_range, 0, 1),
+        _range_problem("idle_tail_s_range", params.idle_tail_s_range, 0, MAX_SECONDS),
+    ]
+    return [p for p in problems if p]
+
+
+def _class_problems(name: str, cp: ClassParams) -> list[str]:
+    problems = [
+        _outside(f"{name}.loading_s", cp.loading_s, 0, MAX_SECONDS),
+        _range_problem(f"{name}.util_pct_range", cp.util_pct_range, 0, 100),
+        _range_problem(f"{name}.vram_gib_range", cp.vram_gib_range, 0, MAX_VRAM_GIB),
+    ]
+    problems += [_outside(f"{name}.usage.{kind}", weight, 0, math.inf) for kind, weight in zip(USAGE_KINDS, cp.usage.weights())]
+    return [p for p in problems if p]
+
+
+def _outside(name: str, value: float, low: float, high: float, *, low_open: bool = False) -> str:
+    """'' when `value` is a finite number in [low, high] ((low, high] with `low_open`), else the problem."""
+    finite = isinstance(value, int) or math.isfinite(value)
+    if finite and (low < value if low_open else low <= value) and value <= high:
+        return ""
+    bound = f"> {_shown(low)}" if low_open else f">= {_shown(low)}"
+    bound += f" and <= {_shown(high)}" if math.isfinite(high) else ""
+    return f"{name} must be a finite number {bound}, got {_shown(value)}"
+
+
+def _shown(value: float) -> str:
+    """A number for a message; an int too big for a float (`--set max_jobs=1000...0`) in short."""
+    if isinstance(value, int):
+        return str(value) if abs(value) < 10**18 else "an integer over 1e18"
+    return f"{value:g}"
+
+
+def _range_problem(name: str, pair: tuple[float, float], low: float, high: float) -> str:
+    low_value, high_value = pair
+    if all(math.isfinite(v) for v in pair) and low <= low_value <= high_value <= high:
+        return ""
+    limits = f"{_shown(low)} <= low <= high <= {_shown(high)}"
+    return f"{name} must be two finite numbers low,high with {limits}, got {_shown(low_value)},{_shown(high_value)}"
 
 
 def _weights(sources: Mapping[str, Sequence[TraceJob]], params: GeneratorParams) -> dict[str, float]:

@@ -176,7 +176,8 @@ def _read_csv(
     jobs: list[TraceJob] = []
     skipped: list[SkippedRow] = []
     try:
-        with path.open(newline="", encoding="utf-8") as handle:
+        # utf-8-sig: a leading BOM (a CSV saved by Excel) is not part of the first column's name.
+        with path.open(newline="", encoding="utf-8-sig") as handle:
             for line, row in _rows(handle, path, required):
                 if isinstance(row, str):
                     skipped.append(SkippedRow(line, row))
@@ -185,10 +186,29 @@ def _read_csv(
                     jobs.append(parse(row, line))
                 except _RowError as error:
                     skipped.append(SkippedRow(line, str(error)))
-    except (OSError, UnicodeDecodeError, csv.Error) as error:
+    except UnicodeDecodeError as error:
+        raise TraceError(f"{path}: cannot read {source} trace: {_undecodable(path)}") from error
+    except (OSError, csv.Error) as error:
         raise TraceError(f"{path}: cannot read {source} trace: {error}") from error
     jobs.sort(key=lambda j: (j.arrival_s, j.line))
     return TraceRead(tuple(jobs), tuple(skipped))
+
+
+def _undecodable(path: Path) -> str:
+    """Where the first byte that is not UTF-8 sits ('line 7: byte 0xff at column 12 is not UTF-8').
+
+    Decoding line by line is exact: a newline byte never occurs inside a UTF-8 sequence.
+    """
+    try:
+        with path.open("rb") as handle:
+            for number, raw in enumerate(handle, start=1):
+                try:
+                    raw.decode("utf-8")
+                except UnicodeDecodeError as error:
+                    return f"line {number}: byte {raw[error.start]:#04x} at column {error.start + 1} is not UTF-8"
+    except OSError as error:
+        return str(error)
+    return "not UTF-8 text"
 
 
 def _rows(handle: object, path: Path, required: Sequence[str]) -> Iterator[tuple[int, Mapping[str, str] | str]]:

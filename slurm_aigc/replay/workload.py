@@ -20,7 +20,7 @@ from typing import Any
 from slurm_aigc.errors import AigcError
 from slurm_aigc.profiles import Phase, ProfileError, format_phases, parse_phases, total_seconds
 from slurm_aigc.tags import TAG_PREFIX, tag_pairs
-from slurm_aigc.textfmt import short_number as _number
+from slurm_aigc.textfmt import short_number
 from slurm_aigc.validation import parse_size_gib
 
 FORMAT_VERSION = "1"
@@ -54,6 +54,11 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _YES_NO = ("yes", "no")
 # The duration column restates the profile's length; rounding to 0.1 s when written is allowed.
 _DURATION_TOLERANCE_S = 0.5
+# Upper bounds no replayable row comes near; a bigger value is a typo or a damaged file.
+MAX_SECONDS = 366 * 86400  # submit offsets, durations, time limits: a year
+MAX_GPUS = 4096  # GPUs of one job
+MAX_VRAM_GIB = 1024.0  # VRAM of one GPU
+_MAX_DIGITS = 18  # longer digit strings are out of range anyway (and int() refuses > 4300 digits)
 
 
 class WorkloadError(AigcError):
@@ -229,22 +234,25 @@ class _Row:
     def text(self, column: str) -> str:
         return self.values[column]
 
-    def number(self, column: str, *, minimum: float = 0.0, strict: bool = False, default: float | None = None) -> float:
+    def number(
+        self, column: str, *, minimum: float = 0.0, maximum: float = math.inf, strict: bool = False, default: float | None = None
+    ) -> float:
         raw = self.values[column]
         if raw == "" and default is not None:
             return default
         value = _finite_float(raw)
-        if value is None or value < minimum or (strict and value == minimum):
+        if value is None or not minimum <= value <= maximum or (strict and value == minimum):
             bound = f"> {_number(minimum)}" if strict else f">= {_number(minimum)}"
+            bound += f" and <= {_number(maximum)}" if math.isfinite(maximum) else ""
             raise self.error(column, f"expected a number {bound}, got {raw!r}")
         return value
 
-    def integer(self, column: str, *, minimum: int, default: int | None = None) -> int:
+    def integer(self, column: str, *, minimum: int, maximum: int, default: int | None = None) -> int:
         raw = self.values[column]
         if raw == "" and default is not None:
             return default
-        if not re.fullmatch(r"\d+", raw) or int(raw) < minimum:
-            raise self.error(column, f"expected an integer >= {minimum}, got {raw!r}")
+        if not re.fullmatch(rf"\d{{1,{_MAX_DIGITS}}}", raw) or not minimum <= int(raw) <= maximum:
+            raise self.error(column, f"expected an integer >= {minimum} and <= {maximum}, got {raw!r}")
         return int(raw)
 
     def choice(self, column: str, allowed: Sequence[str]) -> str:
@@ -265,19 +273,19 @@ def _parse_row(cells: Sequence[str], source: str, line: int) -> WorkloadJob:
     name = row.text("name")
     if not _NAME_RE.match(name):
         raise row.error("name", f"expected letters, digits, '.', '_', '-' (at most 128), got {name!r}")
-    gpus = row.integer("gpus", minimum=1)
+    gpus = row.integer("gpus", minimum=1, maximum=MAX_GPUS)
     job = WorkloadJob(
         name=name,
-        submit_offset_s=row.number("submit_offset_s"),
+        submit_offset_s=row.number("submit_offset_s", maximum=MAX_SECONDS),
         job_class=row.choice("class", CLASSES),
         gpus=gpus,
-        vram_gib_per_gpu=row.number("vram_gib_per_gpu", strict=True),
-        duration_s=row.number("duration_s", strict=True),
-        time_limit_s=row.integer("time_limit_s", minimum=60),
+        vram_gib_per_gpu=row.number("vram_gib_per_gpu", strict=True, maximum=MAX_VRAM_GIB),
+        duration_s=row.number("duration_s", strict=True, maximum=MAX_SECONDS),
+        time_limit_s=row.integer("time_limit_s", minimum=60, maximum=MAX_SECONDS),
         profile=row.phases("profile"),
         requeue_profile=row.phases("requeue_profile"),
-        gpus_used=row.integer("gpus_used", minimum=0, default=0),
-        mem_used_gib_per_gpu=row.number("mem_used_gib_per_gpu", default=0.0),
+        gpus_used=row.integer("gpus_used", minimum=0, maximum=MAX_GPUS, default=0),
+        mem_used_gib_per_gpu=row.number("mem_used_gib_per_gpu", maximum=MAX_VRAM_GIB, default=0.0),
         util_pct=row.number("util_pct", default=0.0),
         tags=row.text("tags"),
         share=row.choice("share", ("", *_YES_NO)),
@@ -297,6 +305,8 @@ def _check_job(job: WorkloadJob, row: _Row) -> None:
         raise row.error("profile", "empty profile; a job needs at least one phase")
     if abs(total_seconds(job.profile) - job.duration_s) > _DURATION_TOLERANCE_S:
         raise row.error("duration_s", f"{_number(job.duration_s)} differs from the profile's {_number(total_seconds(job.profile))} s")
+    if total_seconds(job.requeue_profile) > MAX_SECONDS:
+        raise row.error("requeue_profile", f"lasts {_number(total_seconds(job.requeue_profile))} s, more than {MAX_SECONDS} s")
     if job.time_limit_s % 60:
         raise row.error("time_limit_s", f"Slurm time limits are whole minutes; {job.time_limit_s} is not a multiple of 60")
     hangs = any(p.kind == "hung" for p in job.profile)
@@ -421,6 +431,12 @@ def span_s(jobs: Sequence[WorkloadJob]) -> float:
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def _number(value: float) -> str:
+    """30 not 30.0 (`short_number`); nan, inf and huge values as Python writes them, so a job holding
+    one is written and then refused by the parse-back check with its line and column, not a traceback."""
+    return short_number(value) if math.isfinite(value) and abs(value) < 1e15 else repr(value)
 
 
 def _finite_float(text: str) -> float | None:

@@ -11,7 +11,7 @@ from slurm_aigc.replay.workload import Workload, WorkloadError, format_workload,
 def read_workload(path: Path) -> Workload:
     """Read and validate a workload CSV; raises WorkloadError naming the file, line and column."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a leading BOM (Excel, PowerShell) is not part of the header
     except (OSError, UnicodeDecodeError) as error:
         raise WorkloadError(str(path), None, None, f"cannot read: {error}") from error
     return parse_workload(text, str(path))

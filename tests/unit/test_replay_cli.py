@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from slurm_aigc.cli.replay import ReplayEnv, replay
 from slurm_aigc.db import JobGpuSample, open_database, transaction
+from slurm_aigc.replay.generator import GeneratorError
 from slurm_aigc.replay.traces import DEFAULT_FILES
 from slurm_aigc.replay.workload import COLUMNS
 from slurm_aigc.replay.workload_files import read_workload
@@ -84,6 +85,36 @@ def test_convert_rejects_bad_options(tmp_path: Path) -> None:
                                           "--set", "colour=blue"])
     assert unknown.exit_code != 0
     assert "unknown generator parameter" in str(unknown.exception)
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--compression", "inf"], "--compression"),
+        (["--compression", "nan"], "--compression"),
+        (["--compression", "1e7"], "--compression"),
+        (["--minutes", "1e308"], "--minutes"),
+        (["--minutes", "nan"], "--minutes"),
+        (["--duration-s", "inf"], "--duration-s"),
+        (["--load", "nan"], "--load"),
+        (["--window-start-s", "nan"], "--window-start-s"),
+        (["--untagged-fraction", "nan"], "--untagged-fraction"),
+        (["--max-jobs", "-3"], "--max-jobs"),
+        (["--capacity-gpus", "0"], "--capacity-gpus"),
+        (["--show-skipped", "-1"], "--show-skipped"),
+        (["--set", "compression=inf"], "compression must be"),
+        (["--set", "finetune.loading_s=nan"], "finetune.loading_s must be"),
+        (["--set", "time_limit_factor=inf"], "time_limit_factor must be"),
+    ],
+)
+def test_convert_refuses_non_finite_and_absurd_values_with_one_named_error(args: list[str], named: str, tmp_path: Path) -> None:
+    out = tmp_path / "x.csv"
+    result = CliRunner().invoke(replay, ["convert", "--trace", "philly", "--input", str(FIXTURES / FIXTURE_FILES["philly"]),
+                                         "-o", str(out), *args])
+    # A usage error (exit 2) or the generator's own error, which main() prints as one line; no traceback.
+    assert isinstance(result.exception, SystemExit | GeneratorError), result.exception
+    assert result.exit_code != 0 and named in result.output + str(result.exception)
+    assert not out.exists()
 
 
 def test_show_prints_a_table_and_json(tmp_path: Path) -> None:
@@ -169,6 +200,24 @@ def test_from_sacct_needs_an_output_and_finished_jobs(tmp_path: Path) -> None:
     assert empty.exit_code != 0 and "no finished GPU jobs" in str(empty.exception)
     bad_time = CliRunner().invoke(replay, ["--from-sacct", "--since", "yesterday-ish", "-o", str(tmp_path / "x.csv")], obj=env)
     assert bad_time.exit_code != 0 and "not a time" in bad_time.output
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--compression", "nan"], "--compression"),  # was: ValueError when the workload was written
+        (["--compression", "inf"], "--compression"),
+        (["--compression", "0"], "--compression"),
+        (["--max-jobs", "-3"], "--max-jobs"),  # was: all but the last 3 jobs
+    ],
+)
+def test_from_sacct_refuses_bad_values_before_reading_sacct(args: list[str], named: str, tmp_path: Path) -> None:
+    fake = FakeSacct([sacct_line("7", "2026-12-01T10:00:00", "2026-12-01T10:02:00", "cpu=1,gres/gpu=1,node=1", "", 120)])
+    env = ReplayEnv(slurm=lambda: fake, database=_no_database, now=lambda: datetime(2026, 12, 2))
+    result = CliRunner().invoke(replay, ["--from-sacct", "--no-samples", "--since", "2026-12-01", "-o", str(tmp_path / "x.csv"), *args],
+                                obj=env)
+    assert result.exit_code == 2 and named in result.output
+    assert fake.calls == []
 
 
 def _no_database(url: str | None) -> sessionmaker[Session]:
@@ -278,3 +327,15 @@ def test_the_replay_says_when_classes_judge_waste_by_other_thresholds(tmp_path: 
     rule, notes = replay_run.useful_rule(site)
     assert rule.busy_util_pct == 95  # the defaults'
     assert len(notes) == 1 and "train set their own" in notes[0]
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-5"])
+def test_replay_run_refuses_a_duration_that_is_not_a_finite_positive_number(tmp_path: Path, value: str) -> None:
+    # nan passed `duration_s <= 0` and reached the backlogged run, which never ended its window.
+    from slurm_aigc.cli.replay_run import run_workload_command
+
+    workload = tmp_path / "w.csv"
+    workload.write_text("")
+    result = CliRunner().invoke(run_workload_command, ["--workload", str(workload), "--backlog", "4",
+                                                       "--duration-s", value])
+    assert result.exit_code == 2 and "--duration-s" in result.output, result.output

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 from pathlib import Path
+
+import pytest
 
 from slurm_aigc.profiles import total_seconds as profile_seconds
 from slurm_aigc.replay.from_sacct import FromSacctParams, workload_from_sacct
@@ -121,6 +124,21 @@ def test_compression_and_max_jobs() -> None:
     assert workload.jobs[0].duration_s == 60.0
     assert any(o.reason == "over --max-jobs" for o in omitted)
     assert workload.meta["compression"] == "10"
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        (FromSacctParams(max_jobs=-3), "max_jobs must be >= 0"),
+        (FromSacctParams(compression=math.nan), "compression must be a finite number > 0"),
+        (FromSacctParams(compression=math.inf), "compression must be a finite number > 0"),
+        (FromSacctParams(compression=0.0), "compression must be a finite number > 0"),
+    ],
+)
+def test_a_negative_max_jobs_or_bad_compression_is_refused(params: FromSacctParams, message: str) -> None:
+    # max_jobs=-3 used to slice off the last 3 jobs; nan compression made nan offsets.
+    with pytest.raises(ValueError, match=message):
+        workload_from_sacct(HISTORY, [], params)
 
 
 def test_no_usable_jobs_gives_an_empty_workload() -> None:

@@ -206,6 +206,38 @@ def test_bad_params_and_empty_traces_are_errors() -> None:
         generate({"borg": philly_rows(3)}, GeneratorParams())
 
 
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ({"infer.loading_s": "nan"}, "infer.loading_s"),  # was: ValueError from round(nan)
+        ({"finetune.loading_s": "inf"}, "finetune.loading_s"),
+        ({"time_limit_factor": "inf"}, "time_limit_factor"),  # was: OverflowError from math.ceil(inf)
+        ({"time_limit_factor": "nan"}, "time_limit_factor"),
+        ({"compression": "inf"}, "compression"),  # was: accepted, every job submitted at 0 s
+        ({"compression": "nan"}, "compression"),
+        ({"arrival_window_s": "inf"}, "arrival_window_s"),  # was: an infinite arrival window
+        ({"arrival_window_s": "1e308"}, "arrival_window_s"),
+        ({"min_duration_s": "nan"}, "min_duration_s"),
+        ({"max_duration_s": "inf"}, "max_duration_s"),
+        ({"load_target": "nan"}, "load_target"),
+        ({"max_jobs": "1" + "0" * 400}, "max_jobs"),  # was: OverflowError from max_jobs x weight
+        ({"capacity_gpus": "1" + "0" * 400}, "capacity_gpus"),
+        ({"window_start_s": "nan"}, "window_start_s"),
+        ({"finetune.util_pct_range": "nan,50"}, "finetune.util_pct_range"),
+        ({"train.vram_gib_range": "30,inf"}, "train.vram_gib_range"),
+        ({"finetune.usage.busy": "nan"}, "finetune.usage.busy"),
+        ({"mix_weights": "philly:inf"}, "mix_weights philly"),
+        ({"mem_use_fraction_range": "0.5,nan"}, "mem_use_fraction_range"),
+        ({"hung_overrun_s": "inf"}, "hung_overrun_s"),
+        ({"burst_busy_s": "0.001"}, "burst_busy_s"),
+    ],
+)
+def test_non_finite_and_absurd_params_are_named_errors(overrides: dict[str, str], named: str) -> None:
+    params = with_overrides(GeneratorParams(), overrides)
+    with pytest.raises(GeneratorError, match=rf"generator parameters: {named} must be"):
+        generate({"philly": philly_rows(3, gpus=2)}, params)
+
+
 def test_mix_shares_the_load_by_weight() -> None:
     workload = generate(fixture_sources(), GeneratorParams(seed=5, load_target=1000, compression=1, arrival_window_s=1e5))
     sources = {j.source.split(":")[0] for j in workload.jobs}

@@ -89,6 +89,27 @@ def test_missing_columns_and_missing_files_are_errors(tmp_path: Path) -> None:
         read_trace("borg", tmp_path)
 
 
+
+@pytest.mark.parametrize(
+    ("reader", "name"),
+    [(read_openb, "openb_pod_list_small.csv"), (read_genai, "lora_request_trace_small.csv"), (read_philly, "pollux_philly_jobs_small.csv")],
+)
+def test_a_leading_utf8_bom_reads_exactly_as_the_plain_file(reader: object, name: str, tmp_path: Path) -> None:
+    # Excel and PowerShell save CSVs with a BOM; it must not stick to the first column's name.
+    plain = FIXTURES / name
+    bom = tmp_path / name
+    bom.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    assert reader(bom) == reader(plain)  # type: ignore[operator]
+
+
+def test_a_byte_that_is_not_utf8_is_named_by_line(tmp_path: Path) -> None:
+    lines = (FIXTURES / "pollux_philly_jobs_small.csv").read_bytes().split(b"\n")
+    lines[4] = lines[4][:5] + b"\xff" + lines[4][5:]
+    bad = tmp_path / "philly.csv"
+    bad.write_bytes(b"\n".join(lines))
+    with pytest.raises(TraceError, match=r"cannot read philly trace: line 5: byte 0xff at column 6 is not UTF-8"):
+        read_philly(bad)
+
 def test_a_folder_resolves_to_the_default_file(tmp_path: Path) -> None:
     target = tmp_path / DEFAULT_FILES["philly"]
     target.parent.mkdir(parents=True)

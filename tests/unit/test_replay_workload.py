@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import pytest
@@ -110,6 +111,17 @@ def test_round_trip_keeps_every_field_and_meta(tmp_path: Path) -> None:
         ({"tags": "aigc:type=infer,type=infer"}, "tags", "repeated"),
         ({"tags": "type=infer"}, "tags", "expected an aigc:"),
         ({"tags": "aigc:type=infer,share=no"}, "tags", "share=no disagrees"),
+        ({"submit_offset_s": "1e300"}, "submit_offset_s", "<= 31622400"),
+        ({"submit_offset_s": "inf"}, "submit_offset_s", "<= 31622400"),
+        ({"gpus": "100000"}, "gpus", "<= 4096"),
+        ({"gpus": "9" * 5000}, "gpus", "<= 4096"),
+        ({"gpus_used": "9" * 5000}, "gpus_used", "<= 4096"),
+        ({"time_limit_s": "6" * 5000}, "time_limit_s", "<= 31622400"),
+        ({"time_limit_s": "31622460"}, "time_limit_s", "<= 31622400"),
+        ({"vram_gib_per_gpu": "1e9"}, "vram_gib_per_gpu", "<= 1024"),
+        ({"mem_used_gib_per_gpu": "1e9"}, "mem_used_gib_per_gpu", "<= 1024"),
+        ({"duration_s": "1e300", "profile": "busy:1e300"}, "duration_s", "<= 31622400"),
+        ({"requeue_profile": "busy:1e12"}, "requeue_profile", "more than 31622400 s"),
     ],
 )
 def test_bad_cells_name_line_and_column(cells: dict[str, str], column: str, message: str) -> None:
@@ -156,6 +168,24 @@ def test_short_rows_and_duplicate_names_are_errors() -> None:
 def test_unreadable_file_is_a_workload_error(tmp_path: Path) -> None:
     with pytest.raises(WorkloadError, match="cannot read"):
         read_workload(tmp_path / "absent.csv")
+
+
+def test_a_leading_utf8_bom_reads_exactly_as_the_plain_file(tmp_path: Path) -> None:
+    plain = tmp_path / "plain.csv"
+    write_workload(Workload((job(),), {"seed": "7"}), plain)
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    assert read_workload(bom) == read_workload(plain)
+    headless = tmp_path / "headless.csv"  # no comment lines: the BOM would sit on the header
+    headless.write_bytes(b"\xef\xbb\xbf" + f"{HEADER}\n{row()}\n".encode())
+    assert read_workload(headless).jobs == read_workload(plain).jobs
+
+
+def test_a_job_holding_nan_or_inf_is_refused_when_written(tmp_path: Path) -> None:
+    for value in (math.nan, math.inf, 1e300):
+        with pytest.raises(WorkloadError, match="line 3: column submit_offset_s"):
+            write_workload(Workload((job(submit_offset_s=value),)), tmp_path / "w.csv")
+    assert not (tmp_path / "w.csv").exists()
 
 
 def test_jobs_are_sorted_by_submit_offset_and_blank_lines_ignored() -> None:
