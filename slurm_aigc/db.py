@@ -317,15 +317,18 @@ class StartupRetry:
 
 
 def open_database(url: str | None = None, retry: StartupRetry = StartupRetry(), *,
-                  timeout_s: int | None = DB_TIMEOUT_S) -> sessionmaker[Session]:
+                  timeout_s: int | None = DB_TIMEOUT_S, create: bool = True) -> sessionmaker[Session]:
     """Open (and create/migrate) the database at `url` (see `resolve_url`); DatabaseError names the masked URL.
 
     `timeout_s` bounds each read/write (MariaDB/MySQL) or statement (PostgreSQL) of the sessions;
     None: unbounded. Schema creation and migrations are never bounded by it (`ensure_schema`).
+    `create=False` (read-only commands: `audit`, `idle`, `report`): a SQLite file that does not
+    exist is a DatabaseError and nothing is created, not its folder either (a server database
+    that does not exist already fails to connect).
     """
     url = resolve_url(url)
     try:
-        engine = _engine(url, timeout_s)
+        engine = _engine(url, timeout_s, create)
     except ImportError as error:
         raise DatabaseError(f"cannot open database {mask_url(url)}: its driver is not installed ({error}); "
                             "install slurm-aigc[mysql] or slurm-aigc[postgresql]") from error
@@ -614,13 +617,11 @@ def connect_args(url: str | URL, timeout_s: int | None) -> dict[str, object]:
     return {key: value for key, value in args.items() if key == "options" or key not in parsed.query}
 
 
-def _engine(url: str | URL, timeout_s: int | None) -> Engine:
+def _engine(url: str | URL, timeout_s: int | None, create: bool = True) -> Engine:
     parsed = make_url(url)
     args = connect_args(parsed, timeout_s)
     if parsed.get_backend_name() == "sqlite":
-        path = parsed.database
-        if path and path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        _sqlite_file(parsed, create)
         engine = create_engine(parsed, connect_args=args)
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
@@ -631,6 +632,18 @@ def _engine(url: str | URL, timeout_s: int | None) -> Engine:
     engine = create_engine(parsed, connect_args=args, pool_pre_ping=True)
     event.listen(engine, "begin", _exact_floats)
     return engine
+
+
+def _sqlite_file(url: URL, create: bool) -> None:
+    """The SQLite file's folder, made when `create`; else DatabaseError when the file is missing."""
+    path = url.database
+    if not path or path == ":memory:" or url.query.get("uri"):  # a `file:` URI: SQLite's own modes decide
+        return
+    if create:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    elif not Path(path).exists():
+        raise DatabaseError(f"{mask_url(url.render_as_string(hide_password=False))}: no such database file; "
+                            "check --db or $SLURM_AIGC_DB_URL (nothing was created)")
 
 
 def _exact_floats(connection: Connection) -> None:

@@ -36,9 +36,10 @@ def default_env() -> CliEnv[SlurmCli]:
     from slurm_aigc.db import DB_LONG_TIMEOUT_S, open_database
     from slurm_aigc.slurm import SlurmCli
 
-    # Reports and replays read whole windows: the long database bound, as for sacct.
+    # Reports and replays read whole windows: the long database bound, as for sacct. They only
+    # read it: a missing SQLite file (a typo in --db) is an error, never a new database.
     return CliEnv(slurm=lambda: SlurmCli(timeout_s=SACCT_TIMEOUT_S),
-                  database=lambda url: open_database(url, timeout_s=DB_LONG_TIMEOUT_S), now=datetime.now)
+                  database=lambda url: open_database(url, timeout_s=DB_LONG_TIMEOUT_S, create=False), now=datetime.now)
 
 
 def command_env(ctx: click.Context) -> CliEnv[Any]:

@@ -51,9 +51,10 @@ dry_run_option = click.option("--dry-run/--no-dry-run", "dry_run", default=None,
 
 
 def _controller(config_file: str | None, db_url: str | None, dry_run: bool | None, publisher: bool,
-                jobs: Sequence[str] = (), learner: bool = False) -> tuple[Controller, PublisherHooks | None]:
+                jobs: Sequence[str] = (), learner: bool = False, create: bool = True) -> tuple[Controller, PublisherHooks | None]:
+    """`create=False`: `idle`, which only reads, opens no database that is not there (a typo in --db)."""
     config = load_reclaim_config(config_file)
-    factory = open_database(db_url)
+    factory = open_database(db_url, create=create)
     slurm = SlurmCli()
     dry = config.dry_run if dry_run is None else dry_run
     hooks = load_publisher(slurm, db_url, config_file, dry) if publisher else None
@@ -178,7 +179,7 @@ def idle() -> None:
 def idle_list(config_file: str | None, db_url: str | None, dry_run: bool | None, as_json: bool, show_all: bool,
               jobs: tuple[str, ...]) -> None:
     """Verdicts with their evidence and the next step, per running GPU job."""
-    views = _controller(config_file, db_url, dry_run, False, jobs)[0].assess().views
+    views = _controller(config_file, db_url, dry_run, False, jobs, create=False)[0].assess().views
     shown = [v for v in views if show_all or v.verdict.kind]
     if as_json:
         click.echo(json.dumps([view_json(v) for v in shown], indent=2))
@@ -199,7 +200,7 @@ def idle_list(config_file: str | None, db_url: str | None, dry_run: bool | None,
 @dry_run_option
 def idle_explain(job_id: str, config_file: str | None, db_url: str | None, dry_run: bool | None) -> None:
     """Why a job has (or has not) a verdict, GPU by GPU, and what happens next."""
-    ctl = _controller(config_file, db_url, dry_run, False, (job_id,))[0]
+    ctl = _controller(config_file, db_url, dry_run, False, (job_id,), create=False)[0]
     view = next((v for v in ctl.assess().views if v.job.job_id == job_id), None)
     if view is None:
         raise click.ClickException(f"job {job_id} is not a running GPU job")
@@ -219,7 +220,7 @@ def idle_explain(job_id: str, config_file: str | None, db_url: str | None, dry_r
     rows = [(e.node, str(e.gpu_index), str(e.samples), f"{_clock(e.first_ts)}-{_clock(e.last_ts)}", _num(e.max_util_pct),
              _num(e.max_memory_mib), _num(e.mean_power_pct), f"{e.idle_s:.0f}s", f"{e.wasted_s:.0f}s") for e in verdict.gpus]
     lines.append(_table(header, rows) if rows else "  (no samples)")
-    history = ReclaimStore(open_database(db_url)).audit(job_id=job_id)
+    history = ReclaimStore(open_database(db_url, create=False)).audit(job_id=job_id)
     lines.append("actions so far: " + ("none" if not history else ""))
     lines.extend(f"  {_clock(r.ts_intent)} {r.action} ({r.verdict}) -> {r.state}{' [dry-run]' if r.dry_run else ''}" for r in history)
     lines.append(f"next: {_next(view)}")
@@ -234,7 +235,8 @@ def idle_explain(job_id: str, config_file: str | None, db_url: str | None, dry_r
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def audit(db_url: str | None, job_id: str | None, since: str | None, action: str | None, fmt: str) -> None:
     """The reclaim audit trail: every action's intent, outcome and detail."""
-    rows = ReclaimStore(open_database(db_url)).audit(job_id=job_id, since_ts=_since_ts(since), action=action)
+    since_ts = _since_ts(since)  # a bad --since is told before the database is opened
+    rows = ReclaimStore(open_database(db_url, create=False)).audit(job_id=job_id, since_ts=since_ts, action=action)
     if fmt == "json":
         click.echo(json.dumps([_row_json(r) for r in rows], indent=2))
         return

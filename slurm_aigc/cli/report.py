@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from slurm_aigc.cli.env import CliEnv, command_env
 from slurm_aigc.errors import AigcError, DatabaseError
+from slurm_aigc.fsio import atomic_write_text
 from slurm_aigc.policy.model import Policy
 from slurm_aigc.policy.site import load_site_policy
 from slurm_aigc.report import figures, render
@@ -26,13 +29,20 @@ from slurm_aigc.report.sacct import (
 from slurm_aigc.report.samples import SampleStore
 from slurm_aigc.report.timespec import parse_when
 
+if TYPE_CHECKING:
+    pass
+
 log = logging.getLogger(__name__)
 
+# sacct windows: at least 6 minutes (a year is then 87,600 calls), at most ~11 years (one call).
+MIN_CHUNK_HOURS = 0.1
+MAX_CHUNK_HOURS = 100_000.0
 
 ReportEnv = CliEnv[ReportSlurm]  # reports read sacct and look up live jobs
 
 
 def _env(ctx: click.Context) -> ReportEnv:
+    """The env a test passed, else the real one (whose database is only read, never created)."""
     return command_env(ctx)
 
 
@@ -72,13 +82,34 @@ def _when(text: str, now: datetime, name: str) -> datetime:
         raise click.BadParameter(str(error), param_hint=name) from None
 
 
+def _chunk_hours(_ctx: click.Context, _param: click.Parameter, value: float) -> float:
+    if not (math.isfinite(value) and MIN_CHUNK_HOURS <= value <= MAX_CHUNK_HOURS):  # nan compares False
+        raise click.BadParameter(f"{value:g}: give hours from {MIN_CHUNK_HOURS:g} to {MAX_CHUNK_HOURS:g}")
+    return value
+
+
 def _emit(text: str, output: Path | None) -> None:
     if output is None:
         click.echo(text, nl=False)
-    else:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(text, encoding="utf-8")
-        click.echo(f"wrote {output}", err=True)
+        return
+    try:
+        _write(output, text)
+    except OSError as error:
+        where = f": {error.filename}" if error.filename and str(error.filename) != str(output) else ""
+        raise AigcError(f"cannot write the report to {output}: {error.strerror or error}{where}") from error
+    click.echo(f"wrote {output}", err=True)
+
+
+def _write(output: Path, text: str) -> None:
+    """A file is replaced whole (a failure leaves no truncated report), through a symlink; a
+    pipe or device (`/dev/null`, `>(gzip > r.csv.gz)`) is written to: it must not be replaced."""
+    if output.exists() and not output.is_file():
+        with output.open("w", encoding="utf-8") as handle:
+            handle.write(text)
+        return
+    path = output.resolve()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, text)
 
 
 def _store(env: ReportEnv, db_url: str | None) -> SampleStore | None:
@@ -108,7 +139,8 @@ shards_option = click.option("--shards-per-gpu", default=None, metavar="TYPE=N[,
 @click.option("--class", "classes", multiple=True,
               help="Only these AIGC classes (the class the job_submit hook stamped into the AdminComment; never the job comment).")
 @click.option("--group-by", "-g", multiple=True, help=f"Group by {', '.join(figures.GROUP_KEYS)} (repeatable or comma list).")
-@click.option("--chunk-hours", default=24.0, show_default=True, help="sacct is read in windows of this length.")
+@click.option("--chunk-hours", type=float, default=24.0, show_default=True, callback=_chunk_hours,
+              help=f"sacct is read in windows of this many hours ({MIN_CHUNK_HOURS:g} to {MAX_CHUNK_HOURS:g}).")
 @click.option("--policy", type=click.Path(path_type=Path, dir_okay=False, exists=True), default=None,
               help="Policy whose reclaim thresholds say what is idle or fake-busy and whose inventory gives the "
                    "shards per GPU, also for `report job` (default: the installed one).")
@@ -124,20 +156,28 @@ def report(ctx: click.Context, since: str, until: str, user: tuple[str, ...], ac
     if ctx.invoked_subcommand is not None:
         return
     env = _env(ctx)
-    now = env.now()
-    query = SacctQuery(since=_when(since, now, "--since"), until=_when(until, now, "--until"),
-                       users=_split(user), accounts=_split(account), partitions=_split(partition),
+    start, end = _window(since, until, env.now())
+    query = SacctQuery(since=start, until=end, users=_split(user), accounts=_split(account), partitions=_split(partition),
                        names=_split(names), classes=_split(classes))
-    if query.until <= query.since or chunk_hours <= 0:
-        raise click.BadParameter("--until must be after --since and --chunk-hours positive")
     site = load_site_policy(policy, hook_sections=False)
     useful, useful_by_class = figures.useful_rules(site.reclaim)
-    params = figures.ReportParams(since_ts=query.since.timestamp(), until_ts=min(query.until, now).timestamp(),
+    params = figures.ReportParams(since_ts=query.since.timestamp(), until_ts=query.until.timestamp(),
                                   group_by=_group_keys(group_by), shards_per_gpu=_shards(shards_per_gpu, site),
                                   useful=useful, useful_by_class=useful_by_class)
     result = _summary(env, query, params, db_url, timedelta(hours=chunk_hours))
     click.echo(render.skipped_summary(result.skipped), err=True, nl=False)
     _emit(render.render_report(result, fmt), output)
+
+
+def _window(since: str, until: str, now: datetime) -> tuple[datetime, datetime]:
+    """--since and --until, the end capped at now: sacct knows nothing later, and each
+    window up to a far --until would be one more sacct call on slurmdbd."""
+    start, end = _when(since, now, "--since"), min(_when(until, now, "--until"), now)
+    if start >= now:
+        raise click.BadParameter(f"{since!r} is not in the past (now is {now:%Y-%m-%dT%H:%M:%S})", param_hint="--since")
+    if end <= start:
+        raise click.BadParameter(f"{until!r} is not after --since {since!r}", param_hint="--until")
+    return start, end
 
 
 def _group_keys(values: tuple[str, ...]) -> tuple[str, ...]:

@@ -82,6 +82,20 @@ def test_a_newer_schema_is_refused_with_the_versions(db_url: str) -> None:
         open_database(db_url)
 
 
+
+def test_a_reader_opens_no_sqlite_database_that_is_not_there(tmp_path: Path) -> None:
+    # Before the fix `audit --db sqlite:////x/nodir/typo.db` made nodir/, typo.db and its lock file.
+    missing = f"sqlite:///{tmp_path / 'nodir' / 'typo.db'}"
+    with pytest.raises(DatabaseError, match=r"nodir/typo\.db: no such database file"):
+        open_database(missing, create=False)
+    assert list(tmp_path.iterdir()) == []
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    open_database(url)  # the writers create it
+    with transaction(open_database(url, create=False)) as session:
+        assert session.scalar(select(SchemaVersion.version)) == SCHEMA_VERSION
+    open_database("sqlite://", create=False)  # in memory: nothing to find
+
+
 # ---------------------------------------------------------------- migrations
 
 def _create_version(url: str, version: int) -> None:

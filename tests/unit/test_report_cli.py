@@ -6,16 +6,19 @@ import csv
 import io
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 from sqlalchemy.orm import Session, sessionmaker
 
+from slurm_aigc import fsio
 from slurm_aigc.cli.main import cli
 from slurm_aigc.cli.report import ReportEnv
 from slurm_aigc.db import ActionRecord, JobGpuSample, open_database, transaction
+from slurm_aigc.errors import AigcError
 from slurm_aigc.slurm import CommandResult, SlurmCli
 from tests.unit.report_fixtures import stamped_sacct
 
@@ -25,7 +28,10 @@ WINDOW = ["--since", "2026-11-30T00:00:00", "--until", "2026-12-01T00:00:00"]
 
 
 class RecordedSacct:
-    """Answers every sacct call with a recorded output, as sacct would for a wide window."""
+    """Answers every sacct call with a recorded output, as sacct would for a wide window;
+    more than `MAX_CALLS` calls is a flood of slurmdbd, and fails the test at once."""
+
+    MAX_CALLS = 100
 
     def __init__(self, name: str) -> None:
         self.text = stamped_sacct(name)  # classes stamped as the hook would have
@@ -33,6 +39,7 @@ class RecordedSacct:
 
     def __call__(self, argv: Sequence[str], timeout_s: float, stdin: str | None = None) -> CommandResult:
         self.calls.append(list(argv))
+        assert len(self.calls) <= self.MAX_CALLS, f"sacct called {len(self.calls)} times: {argv}"
         return CommandResult(tuple(argv), 0, self.text, "")
 
 
@@ -155,3 +162,103 @@ def test_shards_per_gpu_default_to_the_policy_inventory(db_url: str, tmp_path: P
     code, out, _ = invoke(RecordedSacct("sacct-22.05.json"), *WINDOW, "--policy", str(policy), "--shards-per-gpu", "a100=80,t4=16",
                           "--format", "json", "--db", db_url)
     assert code == 0 and json.loads(out)["shards_per_gpu"] == {"a100": 80, "t4": 16}
+
+
+# ---------------------------------------------------------------- bad input: one line, never a traceback
+
+LAST_HOUR = ["--since", "now-1hours"]
+
+
+def run(sacct: RecordedSacct, *args: str, report_env: ReportEnv | None = None) -> Result:
+    """The raw result: `slurm-aigc` prints a click error (SystemExit) or an AigcError as one line."""
+    return CliRunner().invoke(cli, ["report", *args], obj=report_env or env(sacct))
+
+
+def test_an_until_after_now_reads_sacct_only_up_to_now(db_url: str) -> None:
+    # Before the fix --until 2099-01-01 ran sacct one day at a time up to 2099: 26,324 calls.
+    calls = {}
+    for until in ("now", "2099-01-01"):
+        sacct = RecordedSacct("sacct-22.05.json")
+        code, _, err = invoke(sacct, *LAST_HOUR, "--until", until, "--db", db_url)
+        assert code == 0, err
+        calls[until] = sacct.calls
+    assert len(calls["2099-01-01"]) == len(calls["now"]) == 1
+    assert calls["2099-01-01"] == calls["now"]  # --endtime=now
+
+
+@pytest.mark.parametrize("hours", ["0", "-1", "nan", "inf", "1e-9", "0.05", "1e300"])
+def test_chunk_hours_must_be_a_sane_finite_number(db_url: str, hours: str) -> None:
+    # Before the fix nan and 1e-9 passed (a billion windows of an hour), 1e300 raised OverflowError.
+    # One second, not an hour: a regression then fails on the fake's call limit, not out of memory.
+    sacct = RecordedSacct("sacct-22.05.json")
+    result = run(sacct, "--since", "now-1seconds", "--chunk-hours", hours, "--db", db_url)
+    assert isinstance(result.exception, SystemExit) and result.exit_code == 2
+    assert "Invalid value for '--chunk-hours'" in result.stderr and "from 0.1 to 100000" in result.stderr
+    assert sacct.calls == []
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--since", "now-99999999days"], "Invalid value for --since: out of range: 'now-99999999days'"),
+    (["--until", "now+99999999999weeks"], "Invalid value for --until: out of range: 'now+99999999999weeks'"),
+    (["--since", "0001-01-01"], "Invalid value for --since: out of range: '0001-01-01'"),
+    (["--since", "2099-01-01"], "Invalid value for --since: '2099-01-01' is not in the past"),
+    (["--since", "now-1hours", "--until", "now-2hours"], "Invalid value for --until: 'now-2hours' is not after --since 'now-1hours'"),
+])
+def test_bad_windows_are_named_one_at_a_time(db_url: str, args: list[str], message: str) -> None:
+    # Before the fix: OverflowError tracebacks, and one message for two conditions.
+    sacct = RecordedSacct("sacct-22.05.json")
+    result = run(sacct, *args, "--db", db_url)
+    assert isinstance(result.exception, SystemExit) and result.exit_code == 2
+    assert message in result.stderr and "chunk" not in result.stderr
+    assert sacct.calls == []
+
+
+@pytest.mark.parametrize("where", ["under a file", "/proc/version"])
+def test_an_output_that_cannot_be_written_is_one_error_naming_it(db_url: str, tmp_path: Path, where: str) -> None:
+    # Before the fix: FileExistsError and OSError tracebacks.
+    afile = tmp_path / "afile"
+    afile.write_text("kept\n")
+    target = afile / "r.csv" if where == "under a file" else Path(where)
+    result = run(RecordedSacct("sacct-22.05.json"), *LAST_HOUR, "--output", str(target), "--db", db_url)
+    assert isinstance(result.exception, AigcError) and result.exit_code == 1  # main() prints it as one line
+    assert f"cannot write the report to {target}: " in str(result.exception)
+    assert afile.read_text() == "kept\n"
+
+
+def test_a_report_that_fails_to_be_written_leaves_the_old_one_whole(db_url: str, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before the fix the file was truncated, then written in place.
+    target = tmp_path / "out" / "r.csv"
+    target.parent.mkdir()
+    target.write_text("yesterday's report\n")
+
+    def no_room(*_args: object) -> None:
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(fsio.os, "replace", no_room)
+    result = run(RecordedSacct("sacct-22.05.json"), *LAST_HOUR, "--output", str(target), "--db", db_url)
+    assert result.exit_code == 1 and "No space left on device" in str(result.exception)
+    assert target.read_text() == "yesterday's report\n" and [p.name for p in target.parent.iterdir()] == ["r.csv"]  # no temp file
+
+
+def test_a_device_is_written_to_and_a_symlink_through(db_url: str, tmp_path: Path) -> None:
+    # Replaced by a temp file, /dev/null (run as root) would become a regular file.
+    result = run(RecordedSacct("sacct-22.05.json"), *LAST_HOUR, "--output", "/dev/null", "--db", db_url)
+    assert result.exit_code == 0 and "wrote /dev/null" in result.stderr and Path("/dev/null").is_char_device()
+    (tmp_path / "latest.csv").symlink_to("r.csv")
+    result = run(RecordedSacct("sacct-22.05.json"), *LAST_HOUR, "--format", "csv", "--output", str(tmp_path / "latest.csv"),
+                 "--db", db_url)
+    assert result.exit_code == 0 and (tmp_path / "latest.csv").is_symlink()
+    assert (tmp_path / "r.csv").read_text().startswith("group,jobs,")
+
+
+def test_a_missing_database_is_not_created(tmp_path: Path) -> None:
+    # Before the fix `report --db sqlite:///typo.db` created typo.db (and its folder and lock file).
+    from slurm_aigc.cli.env import default_env
+
+    missing = tmp_path / "nodir" / "typo.db"
+    sacct = RecordedSacct("sacct-22.05.json")
+    result = run(sacct, *LAST_HOUR, "--db", f"sqlite:///{missing}",
+                 report_env=replace(env(sacct), database=default_env().database))  # the real env's opener
+    assert result.exit_code == 0, result.stderr  # the report, without GPU-hours used
+    assert f"no sample database (sqlite:///{missing}: no such database file" in result.stderr
+    assert list(tmp_path.iterdir()) == []
