@@ -3,7 +3,8 @@
 Every config section (policy, reclaim, scoring, agent, storage) is read through these helpers
 (by `slurm_aigc.policy.loader`) so that an admin's typo gets the same message everywhere:
 ``etc/slurm-aigc.yaml: classes.infer.vram_gb: expected a number, got 'lots'``.
-Numbers must be finite: YAML's `.nan` and `.inf` are refused wherever a number is read.
+Numbers must be finite: YAML's `.nan` and `.inf` are refused wherever a number is read, and
+every setting has an upper bound (the `MAX_*` below, or its own next to its reader).
 """
 
 from __future__ import annotations
@@ -20,6 +21,20 @@ T = TypeVar("T")
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|[KMGT])?\s*$", re.IGNORECASE)
 _SIZE_FACTORS_GIB = {"": 1.0 / 1024**3, "K": 1.0 / 1024**2, "M": 1.0 / 1024, "G": 1.0, "T": 1024.0}
+
+# Upper bounds shared by several settings. Without one, a typo (20 zeros, 1e23) was accepted
+# and reached Slurm: `shards_per_gpu: 99999999999999999999` rendered into the Lua hook as
+# `gres/shard:5e+19`, a number Lua 5.1's doubles no longer hold exactly. Each bound is far
+# above any real value, so it refuses only mistakes.
+# A duration (`*_s`, `*_seconds`): an interval, grace, window, cool-down or cache lifetime
+# the daemons or the hook wait through; none means anything beyond a month.
+MAX_DURATION_S = 30 * 86400
+# One GPU's memory: the largest GPUs have under 300 GiB; 4 TiB leaves room for the next ones.
+MAX_GPU_MEMORY_GIB = 4096
+MAX_GPU_MEMORY_MIB = MAX_GPU_MEMORY_GIB * 1024
+# Any other count (samples, actions, jobs, writes): a million is past every real setting,
+# and far inside the 32-bit integers of Slurm and of the database.
+MAX_COUNT = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -64,7 +79,10 @@ def get(node: Node, key: str, kind: type[T], default: T | None = None) -> T:
     child = node.child(key)
     value = child.value
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)  # type: ignore[return-value]
+        try:
+            return float(value)  # type: ignore[return-value]
+        except OverflowError:  # over ~1.8e308: YAML reads it as an int no float holds
+            raise child.error(f"expected a finite number, got {_shown(value)}") from None
     if kind is int and isinstance(value, bool):
         raise child.error(f"expected an integer, got {value!r}")
     if not isinstance(value, kind):
@@ -88,22 +106,40 @@ def flag(node: Node, key: str, default: bool) -> bool:
 
 
 def number(node: Node, key: str, default: float, *, above: float | None = None, minimum: float | None = None,
-           maximum: float | None = None, what: str = "number") -> float:
-    """A finite number, optionally > `above`, >= `minimum`, <= `maximum`; the error states the bounds."""
+           maximum: float | None = None, cap: float | None = None, what: str = "number") -> float:
+    """A finite number, optionally > `above`, >= `minimum`, <= `maximum`; the error states the bounds.
+
+    `cap` is an upper bound that only refuses mistakes (a `MAX_*`): unlike `maximum`, which is
+    part of what the setting means (a fraction's 1), it is named only to a value above it.
+    """
     value = get(node, key, float, default)
     low_ok = (above is None or value > above) and (minimum is None or value >= minimum)
-    if not low_ok or (maximum is not None and value > maximum):
-        raise node.child(key).error(f"expected {_bounds(what, above, minimum, maximum)}, got {value:g}")
+    high = maximum if maximum is not None else cap
+    if not low_ok or (high is not None and value > high):
+        top = maximum if maximum is not None else (cap if low_ok else None)
+        raise node.child(key).error(f"expected {_bounds(what, above, minimum, top)}, got {value:g}")
     return value
+
+
+def duration_s(node: Node, key: str, default: float, *, above: float | None = None, minimum: float | None = None) -> float:
+    """A number of seconds, at most `MAX_DURATION_S`."""
+    return number(node, key, default, above=above, minimum=minimum, cap=MAX_DURATION_S, what="number of seconds")
 
 
 def _bounds(what: str, above: float | None, minimum: float | None, maximum: float | None) -> str:
     if maximum is not None:
-        low = f"({above:g}" if above is not None else (f"[{minimum:g}" if minimum is not None else "(-inf")
-        return f"a {what} in {low}, {maximum:g}]"
+        low = f"({_plain(above)}" if above is not None else (f"[{_plain(minimum)}" if minimum is not None else "(-inf")
+        return f"a {what} in {low}, {_plain(maximum)}]"
     if above is not None:
-        return f"a positive {what} (> 0)" if above == 0 else f"a {what} > {above:g}"
-    return f"a non-negative {what}" if minimum == 0 else f"a {what} >= {minimum:g}"
+        return f"a positive {what} (> 0)" if above == 0 else f"a {what} > {_plain(above)}"
+    return f"a non-negative {what}" if minimum == 0 else f"a {what} >= {_plain(minimum)}"
+
+
+def _plain(bound: float | None) -> str:
+    """A bound as an admin would write it: 2592000, not 2.592e+06."""
+    if bound is None:
+        return "-inf"
+    return str(int(bound)) if float(bound).is_integer() else f"{bound:g}"
 
 
 def percent(node: Node, key: str, default: float) -> float:
@@ -114,18 +150,26 @@ def percent(node: Node, key: str, default: float) -> float:
     return value
 
 
-def integer(node: Node, key: str, default: int, *, minimum: int | None = None, maximum: int | None = None) -> int:
-    """An integer within [minimum, maximum] (each bound optional)."""
+def integer(node: Node, key: str, default: int, *, minimum: int | None = None, maximum: int | None = None,
+            cap: int | None = None) -> int:
+    """An integer within [minimum, maximum] (each bound optional); `cap` as for `number`."""
     value = get(node, key, int, default)
-    low = -math.inf if minimum is None else minimum
-    high = math.inf if maximum is None else maximum
-    if not low <= value <= high:
-        if maximum is not None:
-            bound = f"an integer in {minimum if minimum is not None else ''}..{maximum}"
+    low_ok = minimum is None or value >= minimum
+    high = maximum if maximum is not None else cap
+    if not low_ok or (high is not None and value > high):
+        top = maximum if maximum is not None else (cap if low_ok else None)
+        if top is not None:
+            bound = f"an integer in {minimum if minimum is not None else ''}..{top}"
         else:
             bound = "a non-negative integer" if minimum == 0 else f"an integer >= {minimum}"
-        raise node.child(key).error(f"expected {bound}, got {value}")
+        raise node.child(key).error(f"expected {bound}, got {_shown(value)}")
     return value
+
+
+def _shown(value: int) -> str:
+    """An integer for an error message: a 300-digit typo as its length, not 300 digits."""
+    digits = len(str(abs(value)))
+    return str(value) if digits <= 30 else f"an integer of {digits} digits"
 
 
 def choice(node: Node, key: str, choices: tuple[str, ...], default: str) -> str:

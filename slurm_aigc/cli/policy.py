@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import click
 
 from slurm_aigc.errors import AigcError
+from slurm_aigc.fsio import atomic_write_text
 from slurm_aigc.policy.hookruntime import INFINITE, NICE_OFFSET, NO_VAL, HookResult, HookRuntime
 from slurm_aigc.policy.install import HOOK_FILE, install_hook
 from slurm_aigc.policy.model import UNKNOWN_CLASS, Policy
@@ -50,9 +52,19 @@ def render(policy_path: Path | None, table_only: bool, output: Path | None) -> N
     loaded = _load(policy_path)
     text = render_policy_table(loaded) if table_only else render_hook(loaded)
     if output:
-        output.write_text(text, encoding="utf-8")
+        _write_output(output, text)
     else:
         click.echo(text, nl=False)
+
+
+def _write_output(output: Path, text: str) -> None:
+    """`render -o`: atomically, as `install` writes. -o may name the live job_submit.lua, and a
+    write that truncated it first and then failed left slurmctld a broken hook."""
+    target = output.resolve()  # through a symlink to the file it names, as writing in place did
+    try:
+        atomic_write_text(target, text, durable=True)
+    except OSError as error:
+        raise AigcError(f"cannot write {output}: {error.strerror or error}") from error
 
 
 @policy.command("install")
@@ -83,7 +95,7 @@ def hook_text(policy_path: Path | None, conf_dir: Path | None = None) -> tuple[s
         try:
             installed = (conf_dir or slurm_conf_dir()) / HOOK_FILE
             text = installed.read_text(encoding="utf-8")
-        except (OSError, AigcError):
+        except (OSError, AigcError, UnicodeDecodeError):  # none, or a site's own hook (not ours: not UTF-8)
             text = ""
         if text.startswith(MARKER):
             return text, str(installed)
@@ -175,20 +187,36 @@ def result_json(result: HookResult) -> dict[str, Any]:
     }
 
 
+# The job's numbers as sbatch accepts them: Slurm keeps them in 32 bits, the top two values
+# meaning NO_VAL and INFINITE (4294967294, 4294967295); a negative count sbatch refuses.
+_SLURM_MAX = NO_VAL - 1
+_SLURM_COUNT = click.IntRange(0, _SLURM_MAX)
+# A count in a --gres entry (`gpu:-3`, `gpu:a100:-1`): sbatch refuses a negative one.
+_NEGATIVE_COUNT = re.compile(r":-\d")
+
+
+def _checked_gres(_ctx: click.Context, _param: click.Parameter, text: str | None) -> str | None:
+    """--gres as given, unless an entry's count is negative."""
+    for entry in (text or "").split(","):
+        if _NEGATIVE_COUNT.search(entry):
+            raise click.BadParameter(f"{entry!r}: a GRES count cannot be negative (e.g. gpu:1, gpu:a100:2)")
+    return text
+
+
 @click.command("classify")
 @click.option("--comment", default=None, help="The job's --comment (where the aigc: tag lives).")
-@click.option("--gres", default=None, help="As sbatch --gres, e.g. gpu:1 or gpu:a100:2.")
-@click.option("--gpus", type=int, default=None, help="As sbatch --gpus (per job).")
+@click.option("--gres", default=None, callback=_checked_gres, help="As sbatch --gres, e.g. gpu:1 or gpu:a100:2.")
+@click.option("--gpus", type=_SLURM_COUNT, default=None, help="As sbatch --gpus (per job).")
 @click.option("--name", default=None, help="Job name (-J).")
-@click.option("--nodes", type=int, default=None, help="-N.")
+@click.option("--nodes", type=click.IntRange(1, _SLURM_MAX), default=None, help="-N.")
 @click.option("--partition", default=None)
 @click.option("--qos", default=None)
 @click.option("--account", default=None)
 @click.option("--constraint", default=None)
 @click.option("--prefer", default=None)
-@click.option("--time-minutes", type=int, default=None, help="--time in minutes.")
+@click.option("--time-minutes", type=click.IntRange(1, _SLURM_MAX), default=None, help="--time in minutes.")
 @click.option("--script/--interactive", "batch", default=True, help="sbatch (default) or srun/salloc (no batch script).")
-@click.option("--user-id", type=int, default=1000, show_default=True, help="Submitting uid (0 = root: never rewritten).")
+@click.option("--user-id", type=_SLURM_COUNT, default=1000, show_default=True, help="Submitting uid (0 = root: never rewritten).")
 @click.option("--user", "user", default=None,
               help="Submitting user (name or uid; instead of --user-id): also prints what was learned for this job.")
 @click.option("--tres-style", type=click.Choice(["auto", "22.05", "23.02"]), default="auto",

@@ -13,6 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -45,6 +46,8 @@ from slurm_aigc.policy.sections import (
     storage_section,
 )
 from slurm_aigc.validation import (
+    MAX_DURATION_S,
+    MAX_GPU_MEMORY_GIB,
     Node,
     absolute_path,
     choice,
@@ -65,6 +68,15 @@ HOOK_REQUIRED = {"inventory", "classes"}
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 _FEATURE_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 _PARTITION_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
+# Shards gres.conf gives one GPU. The hook asks for `shard:N` with N up to this, rendered into
+# Lua 5.1 (doubles) and handed to Slurm: 10,000 is one shard per 8 MiB of an 80 GiB GPU, finer
+# than any job asks for, and every N stays an exact integer.
+MAX_SHARDS_PER_GPU = 10_000
+# A class's default time limit: a year. Slurm keeps minutes in 32 bits, the top values meaning
+# NO_VAL and INFINITE; a partition's MaxTime is shorter (or UNLIMITED, which needs no default).
+MAX_TIME_MINUTES = 365 * 24 * 60
+# `min_gpus` / `max_gpus` of a detection rule: GPUs one job asks for; the largest jobs use tens of thousands.
+MAX_JOB_GPUS = 100_000
 
 
 def load_policy(path: str | Path | None, *, hook_sections: bool = True, simgpu_dir: str | None = None) -> Policy:
@@ -86,18 +98,69 @@ def load_policy(path: str | Path | None, *, hook_sections: bool = True, simgpu_d
         raise ConfigError(source, "", "no such file") from error
     except OSError as error:
         raise ConfigError(source, "", f"cannot read: {error.strerror or error}") from error
+    except UnicodeDecodeError as error:  # a binary file, or one saved as Latin-1 / UTF-16
+        raise ConfigError(source, "", f"not UTF-8 text (byte {error.start})") from error
     return parse_policy_text(text, source, hook_sections=hook_sections, simgpu_dir=simgpu_dir)
 
 
 def parse_policy_text(text: str, source: str, *, hook_sections: bool = True, simgpu_dir: str | None = None) -> Policy:
     """Validate YAML text; `source` names it in errors."""
     try:
-        document = yaml.safe_load(text)
+        document = _yaml_document(text, source)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else ""
         raise ConfigError(source, where, f"not valid YAML: {getattr(error, 'problem', error)}") from error
     return parse_policy(Node(source, "", document), hook_sections=hook_sections, simgpu_dir=simgpu_dir)
+
+
+class _PolicyYamlLoader(yaml.SafeLoader):
+    """`yaml.safe_load`'s loader, with integers too long for Python a YAML error (with its line)
+    instead of a ValueError out of `int()` (over 4,300 digits, Python 3.11's limit)."""
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError:
+            raise yaml.constructor.ConstructorError(None, None, f"integer of {len(node.value)} characters",
+                                                    node.start_mark) from None
+
+
+_PolicyYamlLoader.add_constructor("tag:yaml.org,2002:int", _PolicyYamlLoader.construct_yaml_int)
+
+
+def _yaml_document(text: str, source: str) -> Any:
+    """`yaml.safe_load(text)`, refusing a repeated key (see `_unique_keys`)."""
+    loader = _PolicyYamlLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _unique_keys(node, "", source, set())
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _unique_keys(node: yaml.Node, path: str, source: str, seen: set[int]) -> None:
+    """Refuse a key repeated in one mapping: YAML's loaders keep the last and drop the first without
+    a word (`max_fraction: 0.5` then `max_fraction: 0.9`; a second `reclaim:` replaced the first)."""
+    if id(node) in seen:  # an alias (*name) of a node already checked; it may also contain itself
+        return
+    seen.add(id(node))
+    if isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _unique_keys(item, f"{path}[{index}]", source, seen)
+    elif isinstance(node, yaml.MappingNode):
+        first: dict[tuple[str, str], yaml.Node] = {}
+        for key, value in node.value:
+            sub = f"{path}.{key.value}" if path else str(key.value)
+            if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":  # `<<:` may be overridden
+                earlier = first.setdefault((key.tag, key.value), key)
+                if earlier is not key:
+                    raise ConfigError(source, sub, f"key repeated (line {earlier.start_mark.line + 1}, again on line "
+                                                   f"{key.start_mark.line + 1}); YAML would keep only the last: keep one")
+            _unique_keys(value, sub, source, seen)
 
 
 def parse_policy(root: Node, *, hook_sections: bool = True, simgpu_dir: str | None = None) -> Policy:
@@ -173,8 +236,9 @@ def _gpu_type(node: Node, name: str) -> GpuType:
     if not _NAME_RE.match(name):
         raise node.error("GPU type names use letters, digits, _ . - only")
     mapping(node, {"memory_gib", "shards_per_gpu", "nvlink", "feature", "nodes"}, required={"memory_gib"})
-    memory = number(node, "memory_gib", 0.0, above=0)
-    shards = integer(node, "shards_per_gpu", 0, minimum=0) if node.value.get("shards_per_gpu") is not None else 0
+    memory = number(node, "memory_gib", 0.0, above=0, cap=MAX_GPU_MEMORY_GIB)
+    shards = (integer(node, "shards_per_gpu", 0, minimum=0, cap=MAX_SHARDS_PER_GPU)
+              if node.value.get("shards_per_gpu") is not None else 0)
     feature: str | None = name
     if "feature" in node.value:
         raw = node.value["feature"]
@@ -215,7 +279,8 @@ def _class_defaults(node: Node) -> ClassDefaults:
         word(node.child("partition"), _PARTITION_RE, "partition name")
     if qos is not None:
         word(node.child("qos"), _PARTITION_RE, "QOS name")
-    minutes = integer(node, "time_minutes", 1, minimum=1) if node.value.get("time_minutes") is not None else None
+    minutes = (integer(node, "time_minutes", 1, minimum=1, cap=MAX_TIME_MINUTES)
+               if node.value.get("time_minutes") is not None else None)
     return ClassDefaults(partition, qos, minutes)
 
 
@@ -236,11 +301,18 @@ def _detection_rule(node: Node, known: set[str]) -> DetectionRule:
     for index, glob in enumerate(globs):
         if not glob or "\0" in glob:
             raise node.child("name").child(index).error("empty name pattern")
-    min_gpus, max_gpus = optional(node, "min_gpus", int), optional(node, "max_gpus", int)
+    min_gpus, max_gpus = _gpu_count(node, "min_gpus"), _gpu_count(node, "max_gpus")
     if min_gpus is not None and max_gpus is not None and min_gpus > max_gpus:
         raise node.error(f"min_gpus {min_gpus} > max_gpus {max_gpus}")
     interactive = optional(node, "interactive", bool)
     return DetectionRule(class_name, globs, min_gpus, max_gpus, interactive)
+
+
+def _gpu_count(node: Node, key: str) -> int | None:
+    """A rule's GPU count, or None when absent or null."""
+    if node.value.get(key) is None:
+        return None
+    return integer(node, key, 0, minimum=0, cap=MAX_JOB_GPUS)
 
 
 def _known_class(node: Node, known: set[str]) -> str:
@@ -339,7 +411,7 @@ def _model_prefer(node: Node) -> ModelPreferRule:
             f"{base.feature_prefix}<id> (slurm_aigc/telemetry/features.py), and Slurm rejects a job whose "
             f"--prefer names a feature no node has; delete the key")
     path = absolute_path(node, "published_features_file", base.published_features_file)
-    refresh = integer(node, "refresh_seconds", base.refresh_seconds, minimum=0)
+    refresh = integer(node, "refresh_seconds", base.refresh_seconds, minimum=0, cap=MAX_DURATION_S)
     return ModelPreferRule(flag(node, "enabled", base.enabled), prefix, path, refresh)
 
 

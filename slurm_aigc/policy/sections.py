@@ -30,9 +30,13 @@ from slurm_aigc.policy.model import (
 from slurm_aigc.tags import SIGNAL_NAMES
 from slurm_aigc.telemetry import scoring
 from slurm_aigc.validation import (
+    MAX_COUNT,
+    MAX_DURATION_S,
+    MAX_GPU_MEMORY_MIB,
     Node,
     absolute_path,
     choice,
+    duration_s,
     flag,
     get,
     integer,
@@ -59,6 +63,18 @@ _ALLOWED_ACTIONS = {
 # ends (or stops) the job: a disguised `cancel` (issue 12.6).
 _NON_TERMINATING_SIGNALS = frozenset(SIGNAL_NAMES)  # also what a job may declare (aigc:signal=)
 _WEIGHT_COLUMN_MAX = 2**31 - 1  # the largest value of the database's Integer column
+# `gap_intervals`, `stale_intervals`: poll intervals. 1,000 (2.8 h at 10 s) already means
+# "never"; a larger one is a typo.
+_MAX_INTERVALS = 1000
+# A scoring plugin's weight: weights are relative (scores are averaged with them); at 1,000 to 1
+# the other plugins are already noise.
+_MAX_SCORER_WEIGHT = 1000
+# Raw samples kept: ten years. Retention deletes what is older; the cut-off must stay a date.
+_MAX_RETENTION_HOURS = 10 * 365 * 24
+# `learned.max_age_days`: a year of job history (read one sacct window per controller tick).
+_MAX_LEARNED_AGE_DAYS = 365
+# `learned.max_vram_spread` (p95 / median peak): at 1,000 no key is ever too wide.
+_MAX_VRAM_SPREAD = 1000
 _CLASS_KEYS = {f.name for f in fields(ClassPolicy)}
 _RECLAIM_KEYS = {f.name for f in fields(ReclaimConfig)} - {"shards_per_gpu", "gib_per_shard"}
 
@@ -71,12 +87,12 @@ def reclaim_section(node: Node) -> ReclaimConfig:
     defaults = _class_policy(node.child("defaults"), base.defaults) if "defaults" in node.value else base.defaults
     config = ReclaimConfig(
         dry_run=flag(node, "dry_run", base.dry_run),
-        poll_interval_s=number(node, "poll_interval_s", base.poll_interval_s, above=0),
-        gap_intervals=number(node, "gap_intervals", base.gap_intervals, minimum=1),
-        stale_intervals=number(node, "stale_intervals", base.stale_intervals, minimum=1),
-        max_actions_per_tick=integer(node, "max_actions_per_tick", base.max_actions_per_tick, minimum=0),
-        max_actions_per_job=integer(node, "max_actions_per_job", base.max_actions_per_job, minimum=0),
-        cooldown_s=number(node, "cooldown_s", base.cooldown_s, minimum=0),
+        poll_interval_s=duration_s(node, "poll_interval_s", base.poll_interval_s, above=0),
+        gap_intervals=number(node, "gap_intervals", base.gap_intervals, minimum=1, cap=_MAX_INTERVALS),
+        stale_intervals=number(node, "stale_intervals", base.stale_intervals, minimum=1, cap=_MAX_INTERVALS),
+        max_actions_per_tick=integer(node, "max_actions_per_tick", base.max_actions_per_tick, minimum=0, cap=MAX_COUNT),
+        max_actions_per_job=integer(node, "max_actions_per_job", base.max_actions_per_job, minimum=0, cap=MAX_COUNT),
+        cooldown_s=duration_s(node, "cooldown_s", base.cooldown_s, minimum=0),
         cancel_enabled=flag(node, "cancel_enabled", base.cancel_enabled),
         signal=_signal(node, base.signal),
         opt_out=choice(node, "opt_out", ("allow", "deny"), base.opt_out),
@@ -84,8 +100,9 @@ def reclaim_section(node: Node) -> ReclaimConfig:
         exempt=_exempt(section(node, "exempt")),
         defaults=defaults,
         classes=_reclaim_classes(section(node, "classes"), defaults),
-        over_memory_samples=integer(node, "over_memory_samples", base.over_memory_samples, minimum=1),
-        over_memory_allowance_mib=number(node, "over_memory_allowance_mib", base.over_memory_allowance_mib, minimum=0),
+        over_memory_samples=integer(node, "over_memory_samples", base.over_memory_samples, minimum=1, cap=MAX_COUNT),
+        over_memory_allowance_mib=number(node, "over_memory_allowance_mib", base.over_memory_allowance_mib, minimum=0,
+                                         cap=MAX_GPU_MEMORY_MIB),
         gpu_conflict_memory_pct=percent(node, "gpu_conflict_memory_pct", base.gpu_conflict_memory_pct),
     )
     _check_cancel(node, config)
@@ -129,11 +146,11 @@ def _class_policy(node: Node, base: ClassPolicy) -> ClassPolicy:
     node = Node(node.source, node.path, node.value or {})
     policy = replace(
         base,
-        grace_s=number(node, "grace_s", base.grace_s, minimum=0),
-        window_s=number(node, "window_s", base.window_s, above=0),
-        min_samples=integer(node, "min_samples", base.min_samples, minimum=1),
+        grace_s=duration_s(node, "grace_s", base.grace_s, minimum=0),
+        window_s=duration_s(node, "window_s", base.window_s, above=0),
+        min_samples=integer(node, "min_samples", base.min_samples, minimum=1, cap=MAX_COUNT),
         idle_util_pct=percent(node, "idle_util_pct", base.idle_util_pct),
-        idle_memory_mib=number(node, "idle_memory_mib", base.idle_memory_mib, minimum=0),
+        idle_memory_mib=number(node, "idle_memory_mib", base.idle_memory_mib, minimum=0, cap=MAX_GPU_MEMORY_MIB),
         busy_util_pct=percent(node, "busy_util_pct", base.busy_util_pct),
         low_power_pct=percent(node, "low_power_pct", base.low_power_pct),
         ladder=_ladder(node.child("ladder"), base.ladder) if "ladder" in node.value else base.ladder,
@@ -196,9 +213,9 @@ def agent_section(node: Node, simgpu_dir: str | None = None) -> AgentConfig:
     return AgentConfig(
         backend=choice(node, "backend", AGENT_BACKENDS, base.backend),
         simgpu_dir=get(node, "simgpu_dir", str, simgpu_dir or base.simgpu_dir),
-        interval_s=number(node, "interval_s", base.interval_s, above=0),
+        interval_s=duration_s(node, "interval_s", base.interval_s, above=0),
         publish_features=flag(node, "publish_features", base.publish_features),
-        feature_check_s=number(node, "feature_check_s", base.feature_check_s, above=0),
+        feature_check_s=duration_s(node, "feature_check_s", base.feature_check_s, above=0),
         metrics_port=port,
         metrics_address=_ip_address(node, "metrics_address", base.metrics_address),
     )
@@ -233,19 +250,19 @@ def scoring_section(node: Node, hook_listing: str | None = None) -> ScoringConfi
     if not 0 <= weight_min < weight_max:
         raise node.error(f"need 0 <= weight_min < weight_max, got {weight_min} and {weight_max}")
     return ScoringConfig(
-        interval_s=number(node, "interval_s", base.interval_s, above=0),
-        window_s=number(node, "window_s", base.window_s, above=0),
+        interval_s=duration_s(node, "interval_s", base.interval_s, above=0),
+        window_s=duration_s(node, "window_s", base.window_s, above=0),
         weight_min=weight_min,
         weight_max=weight_max,
-        hysteresis=integer(node, "hysteresis", base.hysteresis, minimum=0),
-        max_writes_per_cycle=integer(node, "max_writes_per_cycle", base.max_writes_per_cycle, minimum=1),
+        hysteresis=integer(node, "hysteresis", base.hysteresis, minimum=0, cap=_WEIGHT_COLUMN_MAX),
+        max_writes_per_cycle=integer(node, "max_writes_per_cycle", base.max_writes_per_cycle, minimum=1, cap=MAX_COUNT),
         publish_nvfree=flag(node, "publish_nvfree", base.publish_nvfree),
         publish_models=flag(node, "publish_models", base.publish_models),
         serving_classes=string_list(node, "serving_classes") if "serving_classes" in node.value else base.serving_classes,
         published_features_file=absolute_path(node, "published_features_file", hook_listing),
-        model_linger_s=number(node, "model_linger_s", base.model_linger_s, minimum=0),
-        model_unlist_grace_s=number(node, "model_unlist_grace_s", base.model_unlist_grace_s, minimum=0),
-        max_models_per_node=integer(node, "max_models_per_node", base.max_models_per_node, minimum=1),
+        model_linger_s=duration_s(node, "model_linger_s", base.model_linger_s, minimum=0),
+        model_unlist_grace_s=duration_s(node, "model_unlist_grace_s", base.model_unlist_grace_s, minimum=0),
+        max_models_per_node=integer(node, "max_models_per_node", base.max_models_per_node, minimum=1, cap=MAX_COUNT),
         policies=_scorers(node.child("policies")) if node.value.get("policies") is not None else base.policies,
     )
 
@@ -256,7 +273,7 @@ def _scorers(node: Node) -> Mapping[str, float]:
     for name in node.value:
         if name not in scoring.SCORERS:
             raise node.error(f"unknown scoring plugin {name!r}; known: {', '.join(sorted(scoring.SCORERS))}")
-    return {str(name): number(node, name, 0.0, minimum=0, what="weight") for name in node.value}
+    return {str(name): number(node, name, 0.0, minimum=0, cap=_MAX_SCORER_WEIGHT, what="weight") for name in node.value}
 
 
 def storage_section(node: Node) -> StorageConfig:
@@ -264,7 +281,8 @@ def storage_section(node: Node) -> StorageConfig:
     mapping(node, {f.name for f in fields(StorageConfig)})
     node = Node(node.source, node.path, node.value or {})
     base = StorageConfig()
-    return StorageConfig(number(node, "raw_retention_hours", base.raw_retention_hours, above=0, what="number of hours"))
+    return StorageConfig(number(node, "raw_retention_hours", base.raw_retention_hours, above=0,
+                                cap=_MAX_RETENTION_HOURS, what="number of hours"))
 
 
 # The hook reads the whole learned table inside slurmctld, under the lock every job_submit
@@ -290,20 +308,23 @@ def learned_section(node: Node) -> LearnedConfig:
         raise node.child("file").error("expected an absolute path (turn learning off with enabled: false)")
     enabled = flag(node, "enabled", base.enabled)
     # The bounds on what the hook re-reads apply only when it reads the table: a file that was
-    # valid before these bounds, with learning off, must not keep every daemon from starting.
+    # valid before these bounds, with learning off, must not keep every daemon from starting
+    # (only the bound every count has, MAX_COUNT: the value is still rendered into the hook).
     max_entries = integer(node, "max_entries", base.max_entries, minimum=1,
-                          maximum=LEARNED_MAX_ENTRIES if enabled else None)
+                          maximum=LEARNED_MAX_ENTRIES if enabled else None, cap=MAX_COUNT)
     return LearnedConfig(
         enabled=enabled,
         file=path,
-        min_jobs=integer(node, "min_jobs", base.min_jobs, minimum=1),
-        max_age_days=number(node, "max_age_days", base.max_age_days, above=0, what="number of days"),
+        min_jobs=integer(node, "min_jobs", base.min_jobs, minimum=1, cap=MAX_COUNT),
+        max_age_days=number(node, "max_age_days", base.max_age_days, above=0, cap=_MAX_LEARNED_AGE_DAYS,
+                            what="number of days"),
         max_entries=max_entries,
         refresh_seconds=(_learned_refresh(node, base.refresh_seconds, max_entries) if enabled
-                         else integer(node, "refresh_seconds", base.refresh_seconds, minimum=0)),
-        interval_s=number(node, "interval_s", base.interval_s, above=0),
+                         else integer(node, "refresh_seconds", base.refresh_seconds, minimum=0, cap=MAX_DURATION_S)),
+        interval_s=duration_s(node, "interval_s", base.interval_s, above=0),
         vram_margin_pct=number(node, "vram_margin_pct", base.vram_margin_pct, minimum=0, maximum=1000, what="percentage"),
-        max_vram_spread=number(node, "max_vram_spread", base.max_vram_spread, minimum=1, what="ratio (p95 / median)"),
+        max_vram_spread=number(node, "max_vram_spread", base.max_vram_spread, minimum=1, cap=_MAX_VRAM_SPREAD,
+                               what="ratio (p95 / median)"),
         min_class_share=number(node, "min_class_share", base.min_class_share, above=0.5, maximum=1, what="fraction"),
     )
 
@@ -311,7 +332,7 @@ def learned_section(node: Node) -> LearnedConfig:
 def _learned_refresh(node: Node, default: int, max_entries: int) -> int:
     """`learned.refresh_seconds`: 0 (re-read at every submit: test setups, small tables only), else
     long enough that re-reading a full table costs slurmctld at most `LEARNED_READ_SHARE` of its time."""
-    seconds = integer(node, "refresh_seconds", default, minimum=0)
+    seconds = integer(node, "refresh_seconds", default, minimum=0, cap=MAX_DURATION_S)
     if seconds == 0 and max_entries > LEARNED_PER_SUBMIT_MAX_ENTRIES:
         raise node.child("refresh_seconds").error(
             f"0 (re-read at every submit) needs max_entries <= {LEARNED_PER_SUBMIT_MAX_ENTRIES}, got max_entries "

@@ -103,6 +103,9 @@ def edited_policy(tmp_path: Path, text_edits: dict[str, str]) -> str:
     ("window_s: 3600", "window_s: .inf", "reclaim.classes.infer.window_s"),
     ("shard_gres: shard", "shard_gres: gpu", "inventory.shard_gres"),
     ("signal: USR1", "signal: TERM", "reclaim.signal"),
+    # Past their upper bounds: rendered, the first made the hook ask for `gres/shard:5e+19`.
+    ("shards_per_gpu: 80", "shards_per_gpu: 99999999999999999999", "inventory.gpu_types.a100.shards_per_gpu"),
+    ("grace_s: 600", "grace_s: 100000000000000000000000", "reclaim.defaults.grace_s"),
 ])
 @pytest.mark.parametrize("command", ["check", "render", "install"])
 def test_check_render_and_install_refuse_naming_the_key(tmp_path: Path, old: str, new: str, key_path: str,

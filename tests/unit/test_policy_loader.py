@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -229,6 +230,63 @@ def test_nan_and_infinity_are_refused_naming_the_key(key_path: str, bad: str) ->
         parse_policy_text(text, "pol.yaml")
     assert caught.value.key_path == key_path
     assert "finite" in caught.value.problem or "integer" in caught.value.problem
+
+
+# Numbers the shipped file leaves out, checked as well.
+OPTIONAL_NUMERIC_KEYS = ["classes.infer.time_minutes", "detection.rules[2].max_gpus", "agent.metrics_port"]
+
+
+@pytest.mark.parametrize("key_path", every_numeric_key() + OPTIONAL_NUMERIC_KEYS)
+def test_every_number_has_an_upper_bound_named_in_the_error(key_path: str) -> None:
+    # 20 digits: `shards_per_gpu: 99999999999999999999` rendered `gres/shard:5e+19` into the hook.
+    document = shipped()
+    set_path(document, key_path, 10**20)
+    with pytest.raises(ConfigError) as caught:
+        parse(document)
+    if key_path == "scoring.weight_min":  # bounded through weight_max, which the error names
+        assert caught.value.key_path == "scoring" and "weight_min < weight_max" in caught.value.problem
+        return
+    assert caught.value.key_path == key_path
+    assert re.search(r"\.\.\d+,|, \d+\]|at most \d+|1-65535", caught.value.problem), caught.value.problem
+
+
+@pytest.mark.parametrize(("key_path", "bad", "words"), [
+    ("inventory.gpu_types.a100.shards_per_gpu", 10_001, "an integer in 0..10000, got 10001"),
+    ("inventory.gpu_types.a100.memory_gib", 4097, "a number in (0, 4096], got 4097"),
+    ("reclaim.defaults.grace_s", 10**23, "a number of seconds in [0, 2592000], got 1e+23"),
+    ("reclaim.poll_interval_s", 2592001, "(0, 2592000]"),
+    ("rewrites.model_prefer.refresh_seconds", 2592001, "an integer in 0..2592000"),
+    ("classes.infer.time_minutes", 525601, "an integer in 1..525600"),
+    ("detection.rules[2].min_gpus", -1, "a non-negative integer, got -1"),
+    pytest.param("inventory.gpu_types.a100.memory_gib", 10**400, "a finite number, got an integer of 401 digits",
+                 id="memory_gib-beyond-float"),
+    ("storage.raw_retention_hours", 87601, "(0, 87600]"),
+    ("learned.max_age_days", 366, "(0, 365]"),
+    ("learned.max_entries", 1_000_001, "1..1000000"),  # learning off: only the bound every count has
+])
+def test_upper_bounds_name_the_key_and_the_range(key_path: str, bad: int, words: str) -> None:
+    document = shipped()
+    set_path(document, key_path, bad)
+    with pytest.raises(ConfigError) as caught:
+        parse(document)
+    assert caught.value.key_path == key_path and words in caught.value.problem
+
+
+def test_the_upper_bounds_themselves_are_accepted_and_render_exact_integers() -> None:
+    from slurm_aigc.policy.hookruntime import HookRuntime
+    from slurm_aigc.policy.render import render_hook
+
+    document = shipped()
+    document["inventory"]["gpu_types"]["a100"].update(memory_gib=4096, shards_per_gpu=10_000)
+    document["classes"]["infer"]["time_minutes"] = 525_600
+    document["reclaim"]["defaults"]["grace_s"] = 2_592_000
+    document["rewrites"]["model_prefer"]["refresh_seconds"] = 29
+    policy = parse(document)
+    result = HookRuntime(render_hook(policy)).submit(
+        {"comment": "aigc:type=infer,vram=20G", "tres_per_node": "gres:gpu:1", "script": "#!/bin/sh\n"}, submit_uid=1000)
+    # N = max(ceil(20 GiB / 0.4096 GiB a shard), ceil(SM 0.5 x 10,000 shards)), an exact integer
+    assert result.changes["tres_per_node"] == ("gres:gpu:1", "gres:shard:5000")
+    assert policy.classes["infer"].time_minutes == 525_600
 
 
 @pytest.mark.parametrize("gres", ["gpu", "mps", "gpu:a100", "shard:1", ""])
