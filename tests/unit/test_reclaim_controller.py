@@ -304,19 +304,32 @@ class CountingStore(ReclaimStore):
         return rows
 
 
-@pytest.mark.parametrize("max_gaps", [Controller.MAX_ID_GAPS, 0])  # the gaps' ids, or every id back to ID_OVERLAP
-def test_a_row_committed_after_a_newer_one_was_read_is_still_judged_and_read_rows_are_not_read_again(
-        db_url: str, max_gaps: int) -> None:
-    # On a server database ids are taken at insert: row N+1 can be read before row N commits.
-    fake = FakeSlurm(jobs={"7": FakeJob("7", gpus=2)})
-    add_samples(db_url, "7", 2, START + 200.0, busy_gpus=2)
-    with transaction(open_database(db_url)) as session:  # the GPU 1 row of the last poll is still in flight
+def hold_back_the_last_gpu1_row(db_url: str) -> int:
+    """The GPU 1 row of job 7's last poll (START + 200) still in flight: taken out, and a row with a
+    higher id committed; returns the id it will commit with (`commit_late_row`)."""
+    with transaction(open_database(db_url)) as session:
         late = session.scalars(select(JobGpuSample).where(JobGpuSample.ts == START + 200.0,
                                                           JobGpuSample.gpu_index == 1)).one()
         late_id = late.id
         session.delete(late)
         session.add(JobGpuSample(id=late_id + 100, ts=START + 200.0, node="a100-01", job_id="7", gpu_index=0,
                                  sm_util_pct=97.0, power_draw_w=350.0, power_limit_w=400.0, shared=False))
+    return late_id
+
+
+def commit_late_row(db_url: str, late_id: int) -> None:
+    with transaction(open_database(db_url)) as session:
+        session.add(JobGpuSample(id=late_id, ts=START + 200.0, node="a100-01", job_id="7", gpu_index=1,
+                                 sm_util_pct=97.0, power_draw_w=350.0, power_limit_w=400.0, shared=False))
+
+
+@pytest.mark.parametrize("max_gaps", [Controller.MAX_ID_GAPS, 0])  # the gaps' ids, or every id back to ID_OVERLAP
+def test_a_row_committed_after_a_newer_one_was_read_is_still_judged_and_read_rows_are_not_read_again(
+        db_url: str, max_gaps: int) -> None:
+    # On a server database ids are taken at insert: row N+1 can be read before row N commits.
+    fake = FakeSlurm(jobs={"7": FakeJob("7", gpus=2)})
+    add_samples(db_url, "7", 2, START + 200.0, busy_gpus=2)
+    late_id = hold_back_the_last_gpu1_row(db_url)
     store = CountingStore(open_database(db_url))
     clock = Clock(START + 200.0)
     controller = Controller(SlurmCli(runner=fake), store, CONFIG, clock=clock)
@@ -324,9 +337,7 @@ def test_a_row_committed_after_a_newer_one_was_read_is_still_judged_and_read_row
     controller.tick()
     assert controller._tracker.last_ts()[("7", "a100-01", 1)] == START + 190.0
     first = store.fetched
-    with transaction(open_database(db_url)) as session:  # it commits now, with its lower id
-        session.add(JobGpuSample(id=late_id, ts=START + 200.0, node="a100-01", job_id="7", gpu_index=1,
-                                 sm_util_pct=97.0, power_draw_w=350.0, power_limit_w=400.0, shared=False))
+    commit_late_row(db_url, late_id)  # it commits now, with its lower id
     clock.now += 10.0
     controller.tick()
     assert controller._tracker.last_ts()[("7", "a100-01", 1)] == START + 200.0
@@ -342,13 +353,7 @@ def test_a_late_row_whose_read_fails_is_read_at_the_next_tick(tmp_path: Path) ->
     db_url = f"sqlite:///{tmp_path / 'state.db'}"
     fake = FakeSlurm(jobs={"7": FakeJob("7", gpus=2)})
     add_samples(db_url, "7", 2, START + 200.0, busy_gpus=2)
-    with transaction(open_database(db_url)) as session:
-        late = session.scalars(select(JobGpuSample).where(JobGpuSample.ts == START + 200.0,
-                                                          JobGpuSample.gpu_index == 1)).one()
-        late_id = late.id
-        session.delete(late)
-        session.add(JobGpuSample(id=late_id + 100, ts=START + 200.0, node="a100-01", job_id="7", gpu_index=0,
-                                 sm_util_pct=97.0, power_draw_w=350.0, power_limit_w=400.0, shared=False))
+    late_id = hold_back_the_last_gpu1_row(db_url)
 
     class FailingOnce(ReclaimStore):
         fail = True
@@ -362,9 +367,7 @@ def test_a_late_row_whose_read_fails_is_read_at_the_next_tick(tmp_path: Path) ->
     clock = Clock(START + 200.0)
     controller = Controller(SlurmCli(runner=fake), FailingOnce(open_database(db_url)), CONFIG, clock=clock)
     controller.tick()
-    with transaction(open_database(db_url)) as session:  # the late row commits with its lower id
-        session.add(JobGpuSample(id=late_id, ts=START + 200.0, node="a100-01", job_id="7", gpu_index=1,
-                                 sm_util_pct=97.0, power_draw_w=350.0, power_limit_w=400.0, shared=False))
+    commit_late_row(db_url, late_id)
     clock.now += 10.0
     with pytest.raises(DatabaseError):
         controller.tick()
