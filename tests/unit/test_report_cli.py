@@ -186,6 +186,16 @@ def test_an_until_after_now_reads_sacct_only_up_to_now(db_url: str) -> None:
     assert calls["2099-01-01"] == calls["now"]  # --endtime=now
 
 
+def test_a_window_of_too_many_sacct_calls_is_refused_before_any(db_url: str) -> None:
+    # --since 1970-01-01 at the default day-long windows was 20,000 sacct calls on slurmdbd.
+    sacct = RecordedSacct("sacct-22.05.json")
+    result = run(sacct, "--since", "1970-01-01", "--db", db_url)
+    assert result.exit_code == 2 and "sacct windows of 24 h; at most 2,000" in result.stderr, result.stderr
+    assert sacct.calls == []
+    wide = run(RecordedSacct("sacct-22.05.json"), "--since", "now-3000days", "--chunk-hours", "720", "--db", db_url)
+    assert wide.exit_code == 0, wide.stderr  # the same span in larger windows is fine
+
+
 @pytest.mark.parametrize("hours", ["0", "-1", "nan", "inf", "1e-9", "0.05", "1e300"])
 def test_chunk_hours_must_be_a_sane_finite_number(db_url: str, hours: str) -> None:
     # Before the fix nan and 1e-9 passed (a billion windows of an hour), 1e300 raised OverflowError.
