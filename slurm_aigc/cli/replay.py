@@ -103,7 +103,8 @@ def _from_sacct(
     env = _env(ctx)
     now = env.now()
     # With steps: their gres/gpuutil and gres/gpumem stand in for a job's samples where none are kept.
-    query = SacctQuery(since=_when(since, now, "--since"), until=_when(until, now, "--until"), steps=True)
+    # The end capped at now, as in `report`: each day-long window up to a far --until is a sacct call.
+    query = SacctQuery(since=_when(since, now, "--since"), until=min(_when(until, now, "--until"), now), steps=True)
     records: list[JobRecord] = []
     for row in SacctReader(env.slurm()).rows(query):
         if isinstance(row, SkippedRow):

@@ -19,6 +19,7 @@ from slurm_aigc.policy.site import load_site_policy
 from slurm_aigc.report import figures, render
 from slurm_aigc.report.records import DEFAULT_INTERVAL_S
 from slurm_aigc.report.sacct import (
+    MAX_WINDOWS,
     ReportSlurm,
     SacctQuery,
     SacctReader,
@@ -37,9 +38,6 @@ log = logging.getLogger(__name__)
 # sacct windows: at least 6 minutes (a year is then 87,600 calls), at most ~11 years (one call).
 MIN_CHUNK_HOURS = 0.1
 MAX_CHUNK_HOURS = 100_000.0
-# sacct calls one report may make: a year of the default day-long windows is 366; `--since
-# 1970-01-01` at a day each was 20,000 calls on slurmdbd before anything was shown.
-MAX_SACCT_WINDOWS = 2_000
 
 ReportEnv = CliEnv[ReportSlurm]  # reports read sacct and look up live jobs
 
@@ -160,9 +158,9 @@ def report(ctx: click.Context, since: str, until: str, user: tuple[str, ...], ac
         return
     env = _env(ctx)
     start, end = _window(since, until, env.now())
-    if (windows := math.ceil((end - start) / timedelta(hours=chunk_hours))) > MAX_SACCT_WINDOWS:
+    if (windows := math.ceil((end - start) / timedelta(hours=chunk_hours))) > MAX_WINDOWS:  # say it in options
         raise click.BadParameter(f"{since!r} to {until!r} is {windows:,} sacct windows of {chunk_hours:g} h; at most "
-                                 f"{MAX_SACCT_WINDOWS:,}: give a later --since or a larger --chunk-hours",
+                                 f"{MAX_WINDOWS:,}: give a later --since or a larger --chunk-hours",
                                  param_hint="--since")
     query = SacctQuery(since=start, until=end, users=_split(user), accounts=_split(account), partitions=_split(partition),
                        names=_split(names), classes=_split(classes))

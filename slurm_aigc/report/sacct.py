@@ -266,6 +266,11 @@ def anchor_ts(record: JobRecord) -> float | None:
     return record.start_ts if record.start_ts is not None else record.submit_ts
 
 
+# sacct calls one read may make, refused before the first: a year of day-long windows is 366;
+# `--since 1970-01-01` at a day each was 20,000 calls on slurmdbd.
+MAX_WINDOWS = 2_000
+
+
 class SacctReader:
     """Reads `sacct` window by window and yields each allocation record exactly once.
 
@@ -282,6 +287,9 @@ class SacctReader:
     def rows(self, query: SacctQuery) -> Iterator[Row]:
         """`sacct -X -D --json ...` per window; records outside their anchor window are not repeated."""
         edges = windows(query.since, query.until, self._chunk) if not query.job_ids else [(query.since, query.until)]
+        if len(edges) > MAX_WINDOWS:
+            raise AigcError(f"{_slurm_time(query.since)} to {_slurm_time(query.until)} is {len(edges):,} sacct windows of "
+                            f"{self._chunk}; at most {MAX_WINDOWS:,}: give a later start or larger windows")
         for index, (start, end) in enumerate(edges):
             args = sacct_args(start, end, query)
             source = f"sacct window {_slurm_time(start)}..{_slurm_time(end)}"

@@ -339,3 +339,23 @@ def test_replay_run_refuses_a_duration_that_is_not_a_finite_positive_number(tmp_
     result = CliRunner().invoke(run_workload_command, ["--workload", str(workload), "--backlog", "4",
                                                        "--duration-s", value])
     assert result.exit_code == 2 and "--duration-s" in result.output, result.output
+
+
+def test_from_sacct_reads_sacct_only_up_to_now_and_refuses_too_many_windows(tmp_path: Path) -> None:
+    # --until 2099 read sacct one day at a time up to 2099, as `report` did; --since 1970 was 20,000 calls.
+    calls: list[list[str]] = []
+
+    class Counting:
+        def run(self, tool: str, args: Sequence[str]) -> CommandResult:
+            calls.append([tool, *args])
+            return CommandResult((tool, *args), 0, json.dumps({"jobs": []}), "")
+
+    now = datetime(2026, 12, 6, 12, 0, 0)
+    env = ReplayEnv(slurm=lambda: Counting(), database=lambda url: None, now=lambda: now)  # type: ignore[arg-type]
+    far = CliRunner().invoke(replay, ["--from-sacct", "--no-samples", "--since", "now-2days", "--until", "2099-01-01",
+                                      "-o", str(tmp_path / "w.csv")], obj=env)
+    assert "and 2026-12-06 12:00:00" in str(far.exception) and len(calls) == 2, (far.exception, len(calls))
+    calls.clear()
+    old = CliRunner().invoke(replay, ["--from-sacct", "--no-samples", "--since", "1970-01-01",
+                                      "-o", str(tmp_path / "w.csv")], obj=env)
+    assert "at most 2,000" in str(old.exception) and calls == [], old.exception
