@@ -205,7 +205,7 @@ def _skew(env: DoctorEnv, factory: object) -> Finding:
     return Finding("clock", True, f"{skew:+.2f} s from the database server")
 
 
-def check_slurm(env: DoctorEnv, role: str, user: str | None = None) -> list[Finding]:
+def check_slurm(env: DoctorEnv, role: str, user: str | None = None, publishes: bool = True) -> list[Finding]:
     try:
         if not env.slurm_ping():
             return [Finding("slurm", False, "slurmctld does not answer `scontrol ping`", "check SLURM_CONF and munge")]
@@ -213,7 +213,7 @@ def check_slurm(env: DoctorEnv, role: str, user: str | None = None) -> list[Find
     except AigcError as error:
         return [Finding("slurm", False, str(error), "install the Slurm client and munge on this host")]
     findings = [Finding("slurm", True, f"slurmctld answers ({config.get('SLURM_VERSION', '?')})")]
-    findings.append(_rights(env, config, user or unit_settings(role)["User"]))
+    findings.append(_rights(env, config, user or unit_settings(role)["User"], node_updates=role == "agent" and publishes))
     if role == "agent":
         findings.append(_prolog(env, config))
     else:
@@ -223,18 +223,23 @@ def check_slurm(env: DoctorEnv, role: str, user: str | None = None) -> list[Find
     return findings
 
 
-def _rights(env: DoctorEnv, config: dict[str, str], user: str) -> Finding:
-    """Whether the daemon's user may update Slurm (the controller jobs and node weights, the agent
-    its node's static features): slurmctld lets root, its SlurmUser and AdminLevel Operator or
-    above. The daemon's user, not doctor's: root passes everything, SlurmUser has no AdminLevel."""
-    fix = f"`sacctmgr modify user {user} set adminlevel=Operator` (a unit changed to run as another user: --user)"
+def _rights(env: DoctorEnv, config: dict[str, str], user: str, *, node_updates: bool) -> Finding:
+    """Whether the daemon's user may do what it does in Slurm. The controller updates jobs
+    (AdminLevel Operator or above); an agent that publishes its node's static features updates
+    a node, which slurmctld allows only root, its SlurmUser and AdminLevel Administrator (an
+    Operator agent passed and then failed every publication). The daemon's user, not doctor's:
+    root passes everything, SlurmUser has no AdminLevel."""
     if user == "root" or user == config.get("SlurmUser", "").split("(", 1)[0]:  # "slurm(64030)"
         return Finding("slurm rights", True, f"runs as {user} ({'root' if user == 'root' else 'SlurmUser'})")
+    levels = ("Administrator",) if node_updates else ("Operator", "Administrator")
+    fix = (f"`sacctmgr modify user {user} set adminlevel={levels[0]}`"
+           + (" (node updates need it), or agent.publish_features: false" if node_updates else "")
+           + " (a unit changed to run as another user: --user)")
     try:
         level = env.slurm_admin_level(user)
     except AigcError as error:
         return Finding("slurm rights", False, f"runs as {user}: {error}", fix)
-    allowed = level in ("Operator", "Administrator")
+    allowed = level in levels
     return Finding("slurm rights", allowed, f"runs as {user} (AdminLevel={level or 'None'})", "" if allowed else fix)
 
 
@@ -311,10 +316,20 @@ def check_policy(env: DoctorEnv, config_path: str | None) -> Finding:
     return Finding("policy", True, f"{getattr(policy, 'source', config_path)} valid")
 
 
+def _publishes(env: DoctorEnv, config_path: str | None) -> bool:
+    """Whether the agent publishes static node features (`agent.publish_features`; a policy that
+    does not load counts as the shipped default, on, and fails its own check)."""
+    try:
+        return bool(getattr(getattr(env.load_policy(config_path), "agent", None), "publish_features", True))
+    except AigcError:
+        return True
+
+
 def run_checks(env: DoctorEnv, role: str, db_url: str | None, config_path: str | None,
                user: str | None = None) -> list[Finding]:
     """`user`: whose Slurm rights to check; None: the role's unit's User=."""
-    findings = check_database(env, role, db_url) + check_slurm(env, role, user) + [check_policy(env, config_path)]
+    policy = check_policy(env, config_path)
+    findings = check_database(env, role, db_url) + check_slurm(env, role, user, _publishes(env, config_path)) + [policy]
     if role == "agent":
         findings.append(check_nvml(env))
     return findings

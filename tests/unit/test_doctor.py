@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -116,7 +117,7 @@ def test_missing_prolog_nvml_policy_and_rights() -> None:
                  slurm_admin_level=lambda user: "None")
     findings = failed(doc.run_checks(broken, "agent", None, None))
     assert set(findings) == {"prolog", "nvml", "policy", "slurm rights"}
-    assert "docs/deploy.md" in findings["prolog"].fix and "adminlevel=Operator" in findings["slurm rights"].fix
+    assert "docs/deploy.md" in findings["prolog"].fix and "adminlevel=Administrator" in findings["slurm rights"].fix  # an agent updates its node
     assert "raw_retention_hours" in findings["policy"].detail
 
 
@@ -245,6 +246,22 @@ def test_slurm_rights_are_the_daemon_users_not_doctors(monkeypatch: pytest.Monke
     monkeypatch.setattr(doc, "real_env", lambda: env(slurm_admin_level=levels))
     result = CliRunner().invoke(doc.doctor, ["--role", "controller", "--user", "slurm"])
     assert "ok    slurm rights: runs as slurm (SlurmUser)" in result.output
+
+
+def test_an_agent_that_publishes_features_needs_the_right_to_update_its_node() -> None:
+    # slurmctld lets only root, SlurmUser and Administrator update a node: an Operator agent
+    # passed doctor and then failed every publication of its static features.
+    from types import SimpleNamespace
+
+    def policy(publish: bool) -> Callable[[object], object]:
+        return lambda path: SimpleNamespace(agent=SimpleNamespace(publish_features=publish))
+
+    operator = env(slurm_admin_level=lambda user: "Operator")
+    findings = failed(doc.run_checks(replace(operator, load_policy=policy(True)), "agent", None, None, "ops"))
+    assert "adminlevel=Administrator" in findings["slurm rights"].fix
+    quiet = failed(doc.run_checks(replace(operator, load_policy=policy(False)), "agent", None, None, "ops"))
+    assert "slurm rights" not in quiet  # no features to publish: no node updates
+    assert "slurm rights" not in failed(doc.run_checks(operator, "controller", None, None, "ops"))
 
 
 @pytest.mark.parametrize(("version", "gres_types", "noted"), [
