@@ -308,28 +308,26 @@ def check_nvml(env: DoctorEnv) -> Finding:
     return Finding("nvml", count > 0, f"{count} GPUs", "" if count else "no GPU visible to NVML")
 
 
-def check_policy(env: DoctorEnv, config_path: str | None) -> Finding:
+def check_policy(env: DoctorEnv, config_path: str | None) -> tuple[Finding, object | None]:
+    """The policy's finding, and the policy (None when it does not load)."""
     try:
         policy = env.load_policy(config_path)
     except AigcError as error:
-        return Finding("policy", False, str(error), "fix the file (`slurm-aigc policy check`)")
-    return Finding("policy", True, f"{getattr(policy, 'source', config_path)} valid")
+        return Finding("policy", False, str(error), "fix the file (`slurm-aigc policy check`)"), None
+    return Finding("policy", True, f"{getattr(policy, 'source', config_path)} valid"), policy
 
 
-def _publishes(env: DoctorEnv, config_path: str | None) -> bool:
+def _publishes(policy: object | None) -> bool:
     """Whether the agent publishes static node features (`agent.publish_features`; a policy that
     does not load counts as the shipped default, on, and fails its own check)."""
-    try:
-        return bool(getattr(getattr(env.load_policy(config_path), "agent", None), "publish_features", True))
-    except AigcError:
-        return True
+    return bool(getattr(getattr(policy, "agent", None), "publish_features", True))
 
 
 def run_checks(env: DoctorEnv, role: str, db_url: str | None, config_path: str | None,
                user: str | None = None) -> list[Finding]:
     """`user`: whose Slurm rights to check; None: the role's unit's User=."""
-    policy = check_policy(env, config_path)
-    findings = check_database(env, role, db_url) + check_slurm(env, role, user, _publishes(env, config_path)) + [policy]
+    checked, policy = check_policy(env, config_path)  # loaded once: the rights check reads it too
+    findings = check_database(env, role, db_url) + check_slurm(env, role, user, _publishes(policy)) + [checked]
     if role == "agent":
         findings.append(check_nvml(env))
     return findings
