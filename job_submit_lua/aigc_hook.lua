@@ -568,6 +568,19 @@ local function shard_request(class, vram, learned)
 end
 M.shard_request = shard_request
 
+-- The job's GPU entry `gpu` becomes `shard:N` per node (a per-job count moves to tres_per_node:
+-- a one-node job's count is its node's).
+local function ask_shards(view, gpu, shards, why)
+    local entry = gpu.prefix .. SHARD_GRES .. (gpu.sep == "=" and "=" or ":") .. shards
+    if gpu.field == "tres_per_node" then
+        plan(view, "tres_per_node", replace_entry(gpu.value, gpu.index, entry), why)
+    else
+        plan(view, "tres_per_job", replace_entry(gpu.value, gpu.index, nil), why)
+        local per_node = current(view, "tres_per_node")
+        plan(view, "tres_per_node", (per_node and per_node ~= "") and (per_node .. "," .. entry) or entry, why)
+    end
+end
+
 local function rule_shard(view)
     local cfg = P.rewrites.shard
     local tags, gpu = view.tags, view.gpu
@@ -586,14 +599,7 @@ local function rule_shard(view)
     end
     local why = format("shard: vram=%gG, SM %g (%s) -> %d shard(s)", vram, sm, source, shards)
     if not restrict_types(view, allowed, why) then return end
-    local entry = gpu.prefix .. SHARD_GRES .. (gpu.sep == "=" and "=" or ":") .. shards
-    if gpu.field == "tres_per_node" then
-        plan(view, "tres_per_node", replace_entry(gpu.value, gpu.index, entry), why)
-    else
-        plan(view, "tres_per_job", replace_entry(gpu.value, gpu.index, nil), why)
-        local per_node = current(view, "tres_per_node")
-        plan(view, "tres_per_node", (per_node and per_node ~= "") and (per_node .. "," .. entry) or entry, why)
-    end
+    ask_shards(view, gpu, shards, why)
     view.sharded = true
     -- A fraction of a GPU starts in gaps no whole-GPU job can use, so it goes ahead in the queue:
     -- Slurm's main scheduler stops at the first job it cannot start, and a shard job behind a
@@ -661,6 +667,59 @@ local function rule_nvlink(view)
         return
     end
     restrict_types(view, allowed, why)
+end
+
+-- Slurm 22.05 gives a GPU whole (`gpu:1`) to the next job once one of two shard jobs on it ends,
+-- while the other still runs there (docs/hook.md): a whole-GPU job that does not fit beside it
+-- then fails out of memory at once, before the controller's next tick can act. What 22.05 keeps
+-- right is its shard count: a one-GPU job asking for the GPU as all of its shards waits until
+-- no shard job holds any of it, and no `gpu:1` job is given a GPU so held (measured on 22.05.8,
+-- tests/integration/test_slurm_shards.py). So where the policy renders this rule on (`auto`:
+-- the Slurm release `policy install` found is older than the first one measured without the
+-- defect), a one-GPU whole job asks for all the shards of one GPU type instead of `gpu:1`.
+-- A GRES request has one count, so the types must agree on it: all the job's types share a
+-- shard count, or the job is pinned to the smallest type it fits (memory above its vram=)
+-- where it may not fit beside a shard job (vram= over that type's memory less the largest
+-- shard job the shard rule puts there); a job at no risk keeps its types and `gpu:1`.
+-- Multi-GPU jobs cannot be asked for this way, and the controller still handles theirs.
+local function whole_shard_types(view, gpu)
+    if gpu.type then
+        local t = type_by_name(gpu.type)
+        return t and t.shards_per_gpu > 0 and { t } or nil
+    end
+    local types = view.allowed_list or TYPES
+    local count = types[1] and types[1].shards_per_gpu or 0
+    local same = count > 0
+    for _, t in ipairs(types) do
+        if t.shards_per_gpu ~= count then same = false end
+    end
+    if same then return types end
+    local vram = view.tags and view.tags.vram
+    if not vram then return nil end
+    for _, t in ipairs(types) do  -- ascending memory
+        if t.memory_gib > vram and t.shards_per_gpu > 0 then
+            local at_risk = vram > t.memory_gib * (1 - P.rewrites.shard.max_fraction)
+            return at_risk and { t } or nil
+        end
+    end
+    return nil
+end
+
+local function rule_whole_as_shards(view)
+    local gpu = view.gpu
+    if not P.rewrites.whole_as_shards.enabled or view.sharded or not gpu or view.class == "unknown" then return end
+    -- 22.05 refuses a GRES change in `scontrol update` of a pending job (see rule_shard).
+    if view.modify or gpu.count ~= 1 or not single_node(view) then return end
+    if gpu.field ~= "tres_per_node" and gpu.field ~= "tres_per_job" then return end
+    if get(view, "cpus_per_tres") or get(view, "mem_per_tres") then return end
+    local types = whole_shard_types(view, gpu)
+    if not types then return end
+    local shards = types[1].shards_per_gpu
+    local why = format("whole_as_shards: one whole %s GPU as shard:%d (the Slurm 22.05 shard defect)",
+        types_expr(types) or types[1].name, shards)
+    if not restrict_types(view, types, why) then return end
+    ask_shards(view, gpu, shards, why)
+    view.whole_shards = true
 end
 
 -- Slurm rejects a job whose --prefer names a feature no node has ("Invalid preferred feature
@@ -866,9 +925,9 @@ local function rule_features(view)
     plan(view, "features", features, table.concat(view.feature_why, "; "))
 end
 
-local RULES = { rule_shard, rule_vram_fit, rule_nvlink, rule_features, rule_model_prefer, rule_class_defaults,
-    rule_stamp }
-for i = 1, 7 do assert(RULES[i], "aigc: rule " .. i .. " of RULES is undefined") end
+local RULES = { rule_shard, rule_vram_fit, rule_nvlink, rule_whole_as_shards, rule_features, rule_model_prefer,
+    rule_class_defaults, rule_stamp }
+for i = 1, 8 do assert(RULES[i], "aigc: rule " .. i .. " of RULES is undefined") end
 
 -- ---------------------------------------------------------------------------------------------
 -- Messages and applying the plan.

@@ -24,6 +24,35 @@ POLICY_OPTION = click.option(
 )
 
 
+def _parse_version(_ctx: click.Context | None, _param: click.Parameter | None, text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    if not re.fullmatch(r"\d{1,3}\.\d{1,2}(\.\d{1,3})?", text):
+        raise click.BadParameter(f"expected a Slurm release such as 22.05 or 24.11.5, got {text!r}")
+    return tuple(int(part) for part in text.split("."))
+
+
+SLURM_VERSION_OPTION = click.option(
+    "--slurm-version", "slurm_version", callback=_parse_version, default=None, metavar="X.Y[.Z]",
+    help="The Slurm release the hook is for (default: `scontrol --version` here, read locally); "
+         "rewrites.whole_as_shards: auto depends on it.")
+
+
+def slurm_version_here(given: tuple[int, ...] | None, quiet: bool = False) -> tuple[int, ...] | None:
+    """`given`, else the installed Slurm's (`scontrol --version`: no RPC), else None (with a note)."""
+    if given is not None:
+        return given
+    try:
+        from slurm_aigc.slurm import SlurmCli
+
+        return SlurmCli(timeout_s=5.0).version()
+    except (AigcError, OSError) as error:
+        if not quiet:
+            click.echo(f"note: cannot read the Slurm version here ({error}); rendering for an unknown release "
+                   "(rewrites.whole_as_shards: auto is off); pass --slurm-version", err=True)
+        return None
+
+
 def _load(policy_path: Path | None) -> Policy:
     """--policy, else `$SLURM_AIGC_CONFIG`, /etc/slurm-aigc/slurm-aigc.yaml, the shipped one."""
     return load_site_policy(policy_path)
@@ -47,10 +76,12 @@ def check(policy_path: Path | None) -> None:
 @POLICY_OPTION
 @click.option("--table-only", is_flag=True, help="Print only the Lua policy table.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write here instead of stdout.")
-def render(policy_path: Path | None, table_only: bool, output: Path | None) -> None:
+@SLURM_VERSION_OPTION
+def render(policy_path: Path | None, table_only: bool, output: Path | None, slurm_version: tuple[int, ...] | None) -> None:
     """Print the job_submit.lua (policy table + hook) that `install` would write."""
     loaded = _load(policy_path)
-    text = render_policy_table(loaded) if table_only else render_hook(loaded)
+    version = slurm_version_here(slurm_version)
+    text = render_policy_table(loaded, version) if table_only else render_hook(loaded, slurm_version=version)
     if output:
         _write_output(output, text)
     else:
@@ -73,10 +104,12 @@ def _write_output(output: Path, text: str) -> None:
               help="Slurm's config dir (default: the directory of $SLURM_CONF / /etc/slurm/slurm.conf).")
 @click.option("--reconfigure", is_flag=True, help="Run `scontrol reconfigure` afterwards (resets features set by scontrol update).")
 @click.option("--force", is_flag=True, help="Replace a job_submit.lua that is not slurm-aigc's (it is copied aside first).")
-def install(policy_path: Path | None, conf_dir: Path | None, reconfigure: bool, force: bool) -> None:
+@SLURM_VERSION_OPTION
+def install(policy_path: Path | None, conf_dir: Path | None, reconfigure: bool, force: bool,
+            slurm_version: tuple[int, ...] | None) -> None:
     """Validate, render, `luac -p`, then atomically replace <slurm conf dir>/job_submit.lua."""
     loaded = _load(policy_path)
-    text = render_hook(loaded)
+    text = render_hook(loaded, slurm_version=slurm_version_here(slurm_version))
     HookRuntime(text)  # loads in Lua 5.1 the way slurmctld does; raises if it would not
     result = install_hook(text, conf_dir or slurm_conf_dir(), force=force)
     if result.backup is not None:
@@ -89,8 +122,10 @@ def install(policy_path: Path | None, conf_dir: Path | None, reconfigure: bool, 
         click.echo("scontrol reconfigure: done")
 
 
-def hook_text(policy_path: Path | None, conf_dir: Path | None = None) -> tuple[str, str]:
-    """(Lua text, where it came from): --policy rendered, else the installed hook, else the default policy."""
+def hook_text(policy_path: Path | None, conf_dir: Path | None = None,
+              slurm_version: tuple[int, ...] | None = None) -> tuple[str, str]:
+    """(Lua text, where it came from): --policy rendered (for `slurm_version`), else the installed
+    hook, else the default policy."""
     if policy_path is None:
         try:
             installed = (conf_dir or slurm_conf_dir()) / HOOK_FILE
@@ -100,22 +135,16 @@ def hook_text(policy_path: Path | None, conf_dir: Path | None = None) -> tuple[s
         if text.startswith(MARKER):
             return text, str(installed)
     loaded = _load(policy_path)
-    return render_hook(loaded), loaded.source
+    return render_hook(loaded, slurm_version=slurm_version), loaded.source
 
 
-def _tres_prefix(style: str) -> str:
-    """Slurm 22.05 shows `gres:gpu:1` to Lua; 23.02 and later `gres/gpu:1`."""
+def _tres_prefix(style: str, version: tuple[int, ...] | None) -> str:
+    """Slurm 22.05 shows `gres:gpu:1` to Lua; 23.02 and later `gres/gpu:1` (auto: `version`'s)."""
     if style == "22.05":
         return "gres:"
     if style == "23.02":
         return "gres/"
-    try:
-        from slurm_aigc.slurm import SlurmCli
-
-        major, minor, _ = SlurmCli(timeout_s=5.0).version()
-    except (AigcError, OSError):
-        return "gres:"
-    return "gres:" if (major, minor) < (23, 2) else "gres/"
+    return "gres:" if version is None or tuple(version[:2]) < (23, 2) else "gres/"
 
 
 def partitions_of(scontrol_text: str) -> dict[str, dict[str, Any]]:
@@ -220,19 +249,21 @@ def _checked_gres(_ctx: click.Context, _param: click.Parameter, text: str | None
 @click.option("--user", "user", default=None,
               help="Submitting user (name or uid; instead of --user-id): also prints what was learned for this job.")
 @click.option("--tres-style", type=click.Choice(["auto", "22.05", "23.02"]), default="auto",
-              help="How Slurm shows GPU requests to Lua (auto: ask scontrol --version).")
+              help="How Slurm shows GPU requests to Lua (auto: from --slurm-version).")
 @click.option("--partitions-from", type=click.Choice(["cluster", "none"]), default="cluster", show_default=True,
               help="part_list as slurmctld hands it to the hook: the cluster's partitions (scontrol), or none.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@SLURM_VERSION_OPTION
 @POLICY_OPTION
 def classify(as_json: bool, policy_path: Path | None, tres_style: str, batch: bool, partitions_from: str,
-             user: str | None, **options: Any) -> None:
+             user: str | None, slurm_version: tuple[int, ...] | None, **options: Any) -> None:
     """Run the installed job_submit.lua (or --policy's) on a job, without submitting it."""
-    text, source = hook_text(policy_path)
+    version = slurm_version_here(slurm_version, quiet=True)
+    text, source = hook_text(policy_path, slurm_version=version)
     runtime = HookRuntime(text)
     options["interactive"] = not batch
     learned = _learned_of(user, options, policy_path)
-    fields = job_fields(options, _tres_prefix(tres_style))
+    fields = job_fields(options, _tres_prefix(tres_style, version))
     parts = _cluster_partitions() if partitions_from == "cluster" else {}
     result = runtime.submit(fields, submit_uid=options["user_id"], partitions=parts)
     for line in result.logged("error"):

@@ -37,6 +37,7 @@ from slurm_aigc.policy.model import (
     ShardRule,
     Toggle,
     VramFitRule,
+    WholeAsShardsRule,
 )
 from slurm_aigc.policy.sections import (
     agent_section,
@@ -352,11 +353,12 @@ def _refuse_removed(node: Node, section_name: str) -> None:
 
 def _rewrites(node: Node, known: set[str]) -> Rewrites:
     _refuse_removed(node, "rewrites")
-    mapping(node, {"shard", "vram_fit", "nvlink", "model_prefer", "class_defaults"})
+    mapping(node, {"shard", "vram_fit", "nvlink", "whole_as_shards", "model_prefer", "class_defaults"})
     return Rewrites(
         shard=_shard(section(node, "shard"), known),
         vram_fit=_vram_fit(section(node, "vram_fit")),
         nvlink=_nvlink(section(node, "nvlink"), known),
+        whole_as_shards=_whole_as_shards(section(node, "whole_as_shards")),
         model_prefer=_model_prefer(section(node, "model_prefer")),
         class_defaults=_toggle(section(node, "class_defaults")),
     )
@@ -399,6 +401,15 @@ def _nvlink(node: Node, known: set[str]) -> NvlinkRule:
     feature = word(node.child("feature"), _FEATURE_RE, "node feature name") if "feature" in node.value else base.feature
     classes = _class_list(node, "classes", known, base.classes)
     return NvlinkRule(flag(node, "enabled", base.enabled), classes, method, feature)
+
+
+def _whole_as_shards(node: Node) -> WholeAsShardsRule:
+    """`enabled: auto` (the default), true or false."""
+    mapping(node, {"enabled"})
+    value = node.value.get("enabled", WholeAsShardsRule().enabled)
+    if value != "auto" and not isinstance(value, bool):
+        raise node.child("enabled").error(f"expected auto, true or false, got {value!r}")
+    return WholeAsShardsRule(value)
 
 
 def _model_prefer(node: Node) -> ModelPreferRule:

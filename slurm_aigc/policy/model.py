@@ -90,6 +90,26 @@ class VramFitRule:
     reject_misfit: bool = False  # in strict mode, reject a typed request that cannot hold vram
 
 
+# The first Slurm release measured to keep a GPU from whole-GPU jobs until its last shard job
+# ends (24.11.5; 22.05.8 does not, docs/hook.md; 23.02 to 24.05 were not measured).
+SHARD_DEFECT_FIXED_IN = (24, 11)
+
+
+@dataclass(frozen=True)
+class WholeAsShardsRule:
+    """A one-GPU whole job asks for all the shards of one GPU type (the Slurm 22.05 shard defect).
+
+    `auto`: on where the Slurm release the hook is rendered for is older than
+    SHARD_DEFECT_FIXED_IN, off where it is not or is unknown."""
+
+    enabled: bool | Literal["auto"] = "auto"
+
+    def applies(self, slurm_version: tuple[int, ...] | None) -> bool:
+        if self.enabled != "auto":
+            return bool(self.enabled)
+        return slurm_version is not None and tuple(slurm_version[:2]) < SHARD_DEFECT_FIXED_IN
+
+
 @dataclass(frozen=True)
 class NvlinkRule:
     enabled: bool = True
@@ -121,6 +141,7 @@ class Rewrites:
     shard: ShardRule = ShardRule()
     vram_fit: VramFitRule = VramFitRule()
     nvlink: NvlinkRule = NvlinkRule()
+    whole_as_shards: WholeAsShardsRule = WholeAsShardsRule()
     model_prefer: ModelPreferRule = ModelPreferRule()
     class_defaults: Toggle = Toggle()
 

@@ -41,7 +41,7 @@ from slurm_aigc.replay.metrics import END_STATES, JobOutcome, UsageSample
 from slurm_aigc.replay.timescale import replay_policy, workload_compression
 from slurm_aigc.replay.workload import Workload, WorkloadJob
 from slurm_aigc.report.sacct import JobRecord, SacctQuery, SacctReader, SkippedRow
-from slurm_aigc.report.tres import gpu_equivalents
+from slurm_aigc.report.tres import Tres, gpu_equivalents
 from slurm_aigc.slurm import SlurmCli
 from slurm_aigc.telemetry.gres import expand_nodes
 from slurm_aigc.telemetry.simgpu import SIM_GPU_MODELS
@@ -335,8 +335,17 @@ def simulated_memory_gib(shape: ClusterShape) -> dict[str, float]:
     return {n.name: SIM_GPU_MODELS[n.gpu.gres_type].memory_total_mib / MIB_PER_GIB for n in shape.nodes}
 
 
+def shares_a_gpu(tres: Tres, shards_per_gpu: Mapping[str, int], node_list: str = "") -> bool:
+    """Holds shards of a GPU that other jobs may hold too: not all of a GPU's shards, which is
+    how the hook asks for a whole GPU on Slurm 22.05 (`rewrites.whole_as_shards`)."""
+    if tres.shards == 0:
+        return False
+    _whole, fraction, resolved = gpu_equivalents(tres, shards_per_gpu, node_list)
+    return not resolved or fraction < 1.0 - 1e-9 or abs(fraction - round(fraction)) > 1e-9
+
+
 def fit_failures(records: Iterable[JobRecord], retries: Mapping[str, str], jobs: Mapping[str, WorkloadJob],
-                 memory_gib_by_node: Mapping[str, float]) -> set[str]:
+                 memory_gib_by_node: Mapping[str, float], shards_per_gpu: Mapping[str, int]) -> set[str]:
     """First attempts that FAILED on whole GPUs whose memory holds what their job uses: the memory
     was another job's (on Slurm 22.05 a shard job still on a GPU Slurm handed out whole)."""
     found = set()
@@ -347,7 +356,7 @@ def fit_failures(records: Iterable[JobRecord], retries: Mapping[str, str], jobs:
             continue
         last = failed[-1]
         memory = [memory_gib_by_node.get(node) for node in expand_nodes(last.node_list)] if last.node_list else []
-        if last.tres.shards == 0 and memory and all(m is not None and job.mem_used_gib_per_gpu <= m for m in memory):
+        if not shares_a_gpu(last.tres, shards_per_gpu, last.node_list) and memory and all(m is not None and job.mem_used_gib_per_gpu <= m for m in memory):
             found.add(job_id)
     return found
 
@@ -383,7 +392,7 @@ def _outcome(job_id: str, rows: list[JobRecord], job_class: str, shards_per_gpu:
         job_id=job_id, job_class=job_class, gpus=whole + fraction, submit_ts=submit,
         start_ts=min(starts) if starts else None, end_ts=last.end_ts, state=last.state.split()[0],
         requeues=sum(1 for r in rows if r.requeued), allocated_gpu_s=allocated,
-        shared=last.tres.shards > 0, last_start_ts=last.start_ts,
+        shared=shares_a_gpu(last.tres, shards_per_gpu, last.node_list), last_start_ts=last.start_ts,
         queued=tuple((r.submit_ts, r.start_ts) for r in rows if r.submit_ts is not None),
         first_end_ts=ran[0].end_ts if ran else None,
     )
@@ -604,7 +613,7 @@ class ReplayRun:
         by_id = {job_id: job for job in self.workload.jobs if (job_id := self.job_ids.get(job.name))}
         by_id.update({retry: by_id[first] for first, retry in retries.items() if first in by_id})
         classes.update({retry: classes[first] for first, retry in retries.items() if first in classes})
-        misfits = fit_failures(records, retries, by_id, simulated_memory_gib(self.cluster.shape()))
+        misfits = fit_failures(records, retries, by_id, simulated_memory_gib(self.cluster.shape()), shards)
         outcomes = [replace(o, state="LOST (timeout)") if o.job_id in self.timed_out else o
                     for o in merge_retries(outcomes_from_records(records, classes, shards, by_id), retries, misfits)]
         # A job sacct never heard of was lost by the scheduler (or refused): count it.

@@ -542,3 +542,68 @@ def test_the_listing_age_bound_follows_the_publisher_interval_and_the_refresh(tm
     write_listing(listing, "model_m\n", age_s=910)
     assert "prefer" not in submit(hook, **job).changes
 
+
+
+def runtime_for_slurm(tmp_path: Path, version: tuple[int, ...] | None, enabled: Any = "auto") -> HookRuntime:
+    """The shipped policy rendered for Slurm `version` (rewrites.whole_as_shards: `enabled`)."""
+    document = yaml.safe_load(shipped_policy().read_text())
+    document["rewrites"]["whole_as_shards"] = {"enabled": enabled}
+    policy = parse_policy_text(yaml.safe_dump(document), "test-policy.yaml")
+    return HookRuntime(render_hook(policy, slurm_version=version))
+
+
+def test_on_slurm_22_05_a_whole_gpu_at_risk_beside_a_shard_job_asks_for_all_its_shards(tmp_path: Path) -> None:
+    # Slurm 22.05 gives a GPU whole while a shard job still runs on it (docs/hook.md); all of a
+    # GPU's shards it never hands out beside one. A 13 GiB fine-tune does not fit a t4 beside the
+    # 8 GiB shard job the shard rule puts there: it is pinned to t4 as shard:16, a whole t4.
+    hook = runtime_for_slurm(tmp_path, (22, 5, 8))
+    finetune = submit(hook, comment="aigc:type=finetune,vram=13G", tres_per_node="gres:gpu:1")
+    assert finetune.changes["tres_per_node"] == ("gres:gpu:1", "gres:shard:16")
+    assert finetune.changes["features"] == (None, "t4")
+    assert any("whole_as_shards" in message for message in finetune.messages)
+    # Only a100 holds 30 GiB: all of an a100's shards.
+    big = submit(hook, comment="aigc:type=finetune,vram=30G", tres_per_node="gres:gpu:1")
+    assert big.changes["tres_per_node"] == ("gres:gpu:1", "gres:shard:80") and big.changes["features"] == (None, "a100")
+    # share=no: a GPU of its own, which all of its shards are.
+    alone = submit(hook, comment="aigc:type=infer,vram=30G,share=no", tres_per_node="gres:gpu:1")
+    assert alone.changes["tres_per_node"] == ("gres:gpu:1", "gres:shard:80")
+    # A typed request: that type's shards, and the type kept as a constraint.
+    typed = submit(hook, comment="aigc:type=train", tres_per_node="gres:gpu:t4:1")
+    assert typed.changes["tres_per_node"] == ("gres:gpu:t4:1", "gres:shard:16") and typed.changes["features"] == (None, "t4")
+    # Per job on one node: the count moves to the node, as the shard rule does.
+    per_job = submit(hook, comment="aigc:type=finetune,vram=30G", tres_per_job="gres:gpu:1")
+    assert per_job.changes["tres_per_job"] == ("gres:gpu:1", None) and per_job.changes["tres_per_node"] == (None, "gres:shard:80")
+
+
+@pytest.mark.parametrize("fields", [
+    {"comment": "aigc:type=imagegen,vram=7G", "tres_per_node": "gres:gpu:1"},  # fits a t4 beside any shard job
+    {"comment": "aigc:type=finetune", "tres_per_node": "gres:gpu:1"},  # no vram=: t4 or a100, counts differ
+    {"comment": "aigc:type=finetune,vram=16G", "tres_per_node": "gres:gpu:1"},  # a100 only above it, at no risk there
+    {"comment": "aigc:type=train,vram=30G", "tres_per_node": "gres:gpu:2"},  # more than one GPU
+    {"comment": "aigc:type=finetune,vram=30G", "tres_per_node": "gres:gpu:1", "min_nodes": 2},
+    {"comment": "aigc:type=finetune,vram=30G", "tres_per_node": "gres:gpu:1", "mem_per_tres": "gres:gpu:4096"},
+    {"name": "notes", "tres_per_node": "gres:gpu:a100:1"},  # an unknown class is left as submitted
+])
+def test_whole_as_shards_leaves_what_it_cannot_or_need_not_ask_that_way(tmp_path: Path, fields: dict[str, Any]) -> None:
+    result = submit(runtime_for_slurm(tmp_path, (22, 5, 8)), **fields)
+    assert SHARD_ENTRY not in str(result.changes.get("tres_per_node", ("", ""))[1])
+
+
+@pytest.mark.parametrize(("version", "enabled", "asks_shards"), [
+    ((22, 5, 8), "auto", True), ((24, 5, 1), "auto", True), ((24, 11, 5), "auto", False), ((26, 5, 0), "auto", False),
+    (None, "auto", False), ((24, 11, 5), True, True), ((22, 5, 8), False, False),
+])
+def test_whole_as_shards_auto_follows_the_slurm_release_rendered_for(tmp_path: Path, version: tuple[int, ...] | None,
+                                                                     enabled: Any, asks_shards: bool) -> None:
+    result = submit(runtime_for_slurm(tmp_path, version, enabled), comment="aigc:type=finetune,vram=30G",
+                    tres_per_node="gres:gpu:1")
+    assert (result.changes.get("tres_per_node") == ("gres:gpu:1", "gres:shard:80")) is asks_shards
+
+
+def test_a_retag_never_changes_the_gres_of_a_pending_job_on_22_05(tmp_path: Path) -> None:
+    # 22.05 refuses a GRES change in `scontrol update` and fails the whole update.
+    record = {"job_state": 0, "comment": "old", "gres": "gres:gpu:1", "name": "job", "min_nodes": 1}
+    result = runtime_for_slurm(tmp_path, (22, 5, 8)).modify({"comment": "aigc:type=finetune,vram=30G"}, record,
+                                                            modify_uid=ALICE)
+    assert not {"tres_per_node", "tres_per_job"} & set(result.changes)
+    assert result.changes["features"] == (None, "a100")

@@ -27,6 +27,7 @@ from slurm_aigc.replay.runner import (
     pending_count,
     retry_args,
     sbatch_args,
+    shares_a_gpu,
     simulated_memory_gib,
     user_for,
     work_end_s,
@@ -384,17 +385,38 @@ def test_a_whole_gpu_job_that_failed_where_its_memory_fits_was_harmed_by_a_neigh
     rows = [r for r in parse_sacct_output(text_to_json(text)) if isinstance(r, JobRecord)]
     retries = {"7": "9", "8": "10"}
     jobs = {job_id: job(gpus=1, mem_used_gib_per_gpu=30.0) for job_id in ("7", "8", "9", "10")}
-    misfits = fit_failures(rows, retries, jobs, {"a100-01": 80.0, "t4-02": 16.0})
+    misfits = fit_failures(rows, retries, jobs, {"a100-01": 80.0, "t4-02": 16.0}, {"a100": 80, "t4": 16})
     assert misfits == {"7"}
     # Against what the simulated GPUs hold: a t4 has 15 GiB, so a 15.6 GiB job fails there alone.
     shape = SimpleNamespace(nodes=[SimpleNamespace(name="a100-01", gpu=SimpleNamespace(gres_type="a100")),
                                    SimpleNamespace(name="t4-02", gpu=SimpleNamespace(gres_type="t4"))])
     assert simulated_memory_gib(shape) == {"a100-01": 80.0, "t4-02": 15.0}
     alone = {job_id: job(gpus=1, mem_used_gib_per_gpu=15.6) for job_id in ("7", "8")}
-    assert fit_failures(rows, retries, alone, simulated_memory_gib(shape)) == {"7"}
+    assert fit_failures(rows, retries, alone, simulated_memory_gib(shape), {"a100": 80, "t4": 16}) == {"7"}
     seven, eight = merge_retries(outcomes_from_records(rows, {}, {"a100": 80, "t4": 16}), retries, misfits)
     end = seven.submit_ts + 600
     assert harmed_by(seven, end) and not harmed_by(eight, end)
+
+
+def test_a_gpu_asked_as_all_of_its_shards_is_a_whole_gpu_not_a_shared_one() -> None:
+    # On Slurm 22.05 the hook asks for a whole GPU as all of its shards (rewrites.whole_as_shards):
+    # such a job shares nothing, so it stays out of the shared jobs' slowdown, and one that failed
+    # out of memory where its job fits lost that memory to a neighbour Slurm put there: harmed.
+    text = sacct_text([
+        record("7", "FAILED", "2026-01-01T00:00:00", "2026-01-01T00:00:10", "2026-01-01T00:00:12", "gres/shard=80", node="a100-01"),
+        record("9", "COMPLETED", "2026-01-01T00:00:13", "2026-01-01T00:01:00", "2026-01-01T00:02:00", "gres/shard=80", node="a100-01"),
+        record("8", "COMPLETED", "2026-01-01T00:00:00", "2026-01-01T00:00:01", "2026-01-01T00:01:02", "gres/shard=8", node="t4-02"),
+        record("10", "COMPLETED", "2026-01-01T00:00:00", "2026-01-01T00:00:04", "2026-01-01T00:01:30", "gres/shard=16", node="t4-02"),
+    ])
+    rows = [r for r in parse_sacct_output(text_to_json(text)) if isinstance(r, JobRecord)]
+    per_gpu = {"a100": 80, "t4": 16}
+    shared = {o.job_id: o.shared for o in outcomes_from_records(rows, {}, per_gpu)}
+    assert shared == {"7": False, "9": False, "8": True, "10": False}
+    jobs = {job_id: job(gpus=1, mem_used_gib_per_gpu=30.0) for job_id in ("7", "9")}
+    assert fit_failures(rows, {"7": "9"}, jobs, {"a100-01": 80.0}, per_gpu) == {"7"}
+    eight = next(r for r in rows if r.job_id == "8")
+    assert shares_a_gpu(eight.tres, per_gpu, eight.node_list)
+    assert shares_a_gpu(eight.tres, {}, eight.node_list)  # an unknown type: shared, as any shard job was
 
 
 def test_an_idle_tail_jobs_work_counts_once_its_busy_phases_are_past() -> None:
