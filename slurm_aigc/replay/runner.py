@@ -41,7 +41,7 @@ from slurm_aigc.replay.metrics import END_STATES, JobOutcome, UsageSample
 from slurm_aigc.replay.timescale import replay_policy, workload_compression
 from slurm_aigc.replay.workload import Workload, WorkloadJob
 from slurm_aigc.report.sacct import JobRecord, SacctQuery, SacctReader, SkippedRow
-from slurm_aigc.report.tres import Tres, gpu_equivalents
+from slurm_aigc.report.tres import gpu_equivalents, shares_a_gpu
 from slurm_aigc.slurm import SlurmCli
 from slurm_aigc.telemetry.gres import expand_nodes
 from slurm_aigc.telemetry.simgpu import SIM_GPU_MODELS
@@ -333,15 +333,6 @@ def simulated_memory_gib(shape: ClusterShape) -> dict[str, float]:
     """GiB each node's simulated GPUs hold, as gpu-load checks a job's memory against them: a t4
     holds 15 GiB, not the 16 it is sold as (a 15.6 GiB job fails there alone)."""
     return {n.name: SIM_GPU_MODELS[n.gpu.gres_type].memory_total_mib / MIB_PER_GIB for n in shape.nodes}
-
-
-def shares_a_gpu(tres: Tres, shards_per_gpu: Mapping[str, int], node_list: str = "") -> bool:
-    """Holds shards of a GPU that other jobs may hold too: not all of a GPU's shards, which is
-    how the hook asks for a whole GPU on Slurm 22.05 (`rewrites.whole_as_shards`)."""
-    if tres.shards == 0:
-        return False
-    _whole, fraction, resolved = gpu_equivalents(tres, shards_per_gpu, node_list)
-    return not resolved or fraction < 1.0 - 1e-9 or abs(fraction - round(fraction)) > 1e-9
 
 
 def fit_failures(records: Iterable[JobRecord], retries: Mapping[str, str], jobs: Mapping[str, WorkloadJob],

@@ -20,7 +20,7 @@ from datetime import date, datetime, time, timedelta, tzinfo
 from slurm_aigc.policy.model import ClassPolicy, ReclaimConfig
 from slurm_aigc.report.records import ActionEvent, SampleSlice
 from slurm_aigc.report.sacct import JobRecord, SkippedRow
-from slurm_aigc.report.tres import gpu_equivalents, gpu_type_of
+from slurm_aigc.report.tres import gpu_equivalents, gpu_type_of, shares_a_gpu
 from slurm_aigc.series import GpuSeries, Sample
 from slurm_aigc.stats import percentile
 
@@ -254,6 +254,9 @@ class Aggregator:
 
     def _count_piece(self, acc: _Acc, record: JobRecord, whole: float, shard: float, seconds: float) -> None:
         job = record.job_id_raw
+        sharing = shares_a_gpu(record.tres, self._p.shards_per_gpu, record.node_list)
+        if not sharing:  # all of a GPU's shards (the hook's whole_as_shards on Slurm 22.05): a whole GPU
+            whole, shard = whole + shard, 0.0
         acc.jobs.add(job)
         acc.whole_gpu_s += whole * seconds
         acc.shard_gpu_s += shard * seconds
@@ -261,7 +264,7 @@ class Aggregator:
             acc.gpu_jobs.add(job)
         if whole > 0:
             acc.whole_jobs.add(job)
-        if record.tres.shards > 0:
+        if sharing:
             acc.shard_jobs.add(job)
         if self._running_at_end(record):
             acc.running_jobs.add(job)

@@ -147,6 +147,15 @@ def gpu_equivalents(tres: Tres, shards_per_gpu: Mapping[str, int], node_list: st
     return whole, fraction, resolved
 
 
+def shares_a_gpu(tres: Tres, shards_per_gpu: Mapping[str, int], node_list: str = "") -> bool:
+    """Holds shards of a GPU that other jobs may hold too: not all of a GPU's shards, which is
+    how the hook asks for a whole GPU on Slurm 22.05 (`rewrites.whole_as_shards`)."""
+    if tres.shards == 0:
+        return False
+    _whole, fraction, resolved = gpu_equivalents(tres, shards_per_gpu, node_list)
+    return not resolved or fraction < 1.0 - 1e-9 or abs(fraction - round(fraction)) > 1e-9
+
+
 def _guess_type(tres: Tres, shards_per_gpu: Mapping[str, int], node_list: str) -> str | None:
     known = [t for t in tres.gpus_by_type if t in shards_per_gpu]
     if len(known) == 1:

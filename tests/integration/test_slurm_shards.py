@@ -77,7 +77,7 @@ def test_a_gpu_asked_as_all_of_its_shards_is_kept_apart_on_every_release(cluster
     one-GPU job asking for the GPU as all of its shards waits while a shard job holds part of
     every free GPU (shards of one job are never split over GPUs), gets the GPU once that job
     ends, and a whole-GPU job is never given a GPU it holds. The ground for a mitigation of the
-    defect on 22.05 (docs/hook.md), not yet one."""
+    defect on 22.05 (docs/hook.md): `rewrites.whole_as_shards`, the next test."""
     node, gres, shard_job, shared = one_shard_job_left(cluster, jobs)
     per_gpu = next(n for n in cluster.local.shape().nodes if n.name == node).shards_per_gpu
     newcomer = submit(cluster, SLEEP, f"--gres=shard:{per_gpu}", f"--nodelist={node}")
@@ -91,6 +91,32 @@ def test_a_gpu_asked_as_all_of_its_shards_is_kept_apart_on_every_release(cluster
     jobs.append(whole)
     info = wait_for(lambda: decided(cluster, whole), 60, f"the scheduler to decide on job {whole}")
     assert info.state == "PENDING", f"job {whole} got GPU {allocated_gpu_indices(cluster, whole)} held as shards"
+
+
+def test_through_the_hook_a_whole_gpu_job_never_lands_beside_a_shard_job(cluster: Any, jobs: list[str]) -> None:
+    """The hook rendered for the cluster's own Slurm, as `policy install` renders it: on 22.05
+    `rewrites.whole_as_shards` asks for a 13 GiB fine-tune's t4 as all of its shards, which
+    Slurm keeps off the GPU a shard job still holds (where `gpu:t4:1` got it, the expected
+    failure above); 24.11 keeps the GPU by itself and the request stays `gpu:t4:1`."""
+    node, gres, shard_job, shared = one_shard_job_left(cluster, jobs)
+    version = cluster.slurm.version()
+    install_hook(render_hook(load_policy(shipped_policy()), slurm_version=version), cluster.etc_dir)
+    try:
+        newcomer = submit(cluster, SLEEP, f"--gres={gres}", f"--nodelist={node}",
+                          "--comment=aigc:type=finetune,vram=13G")
+    finally:
+        install_hook(render_hook(load_policy(shipped_policy())), cluster.etc_dir)
+    jobs.append(newcomer)
+    info = wait_for(lambda: decided(cluster, newcomer), 60, f"the scheduler to decide on job {newcomer}")
+    per_gpu = next(n for n in cluster.local.shape().nodes if n.name == node).shards_per_gpu
+    asked = f"shard:{per_gpu}" if version[:2] < (24, 11) else gres
+    assert asked in info.tres_per_node, info.tres_per_node
+    assert info.state == "PENDING", (
+        f"job {newcomer} ({info.tres_per_node}) got GPU(s) {allocated_gpu_indices(cluster, newcomer)} while shard "
+        f"job {shard_job} still holds GPU {shared}")
+    cluster.slurm.cancel(shard_job)
+    wait_job_state(cluster, newcomer, "RUNNING", timeout_s=60)
+    assert allocated_gpu_indices(cluster, newcomer) == shared
 
 
 def decided(cluster: Any, job_id: str) -> Any:

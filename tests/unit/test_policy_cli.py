@@ -131,3 +131,23 @@ def test_classify_reads_the_partitions_from_scontrol() -> None:
         "gpu": {"name": "gpu", "max_time": INFINITE, "default_time": NO_VAL, "flag_default": 1},
         "short": {"name": "short", "max_time": 1440, "default_time": 10, "flag_default": 0},
     }
+
+
+def test_render_and_classify_follow_the_slurm_release_asked_for() -> None:
+    # rewrites.whole_as_shards: auto is on for Slurm older than 24.11 (the 22.05 shard defect).
+    old = CliRunner().invoke(policy, ["render", "--policy", POLICY, "--slurm-version", "22.05.8"])
+    new = CliRunner().invoke(policy, ["render", "--policy", POLICY, "--slurm-version", "24.11"])
+    assert old.exit_code == 0 and new.exit_code == 0, old.output + new.output
+    assert "-- for Slurm: 22.05.8\n" in old.stdout and "-- for Slurm: 24.11\n" in new.stdout
+    flag = '["whole_as_shards"] = {\n      ["enabled"] = '
+    assert flag + "true" in old.stdout and flag + "false" in new.stdout
+    finetune = ("--comment", "aigc:type=finetune,vram=13G", "--gres", "gpu:1")
+    changes = run_classify("--slurm-version", "22.05", *finetune)["changes"]
+    assert changes["tres_per_node"] == ["gres:gpu:1", "gres:shard:16"] and changes["features"] == [None, "t4"]  # type: ignore[index]
+    assert "tres_per_node" not in run_classify("--slurm-version", "24.11.5", *finetune)["changes"]  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("given", ["22", "banana", "22.05.8.1", "-1.0"])
+def test_a_slurm_version_that_is_not_a_release_is_refused(given: str) -> None:
+    result = CliRunner().invoke(policy, ["render", "--policy", POLICY, "--slurm-version", given])
+    assert result.exit_code == 2 and "expected a Slurm release such as 22.05" in result.output

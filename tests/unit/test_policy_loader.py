@@ -528,3 +528,11 @@ def test_models_per_node_are_capped_by_a_positive_integer() -> None:
         with pytest.raises(ConfigError) as caught:
             parse(document)
         assert caught.value.key_path == "scoring.max_models_per_node"
+
+
+@pytest.mark.parametrize("value", ["maybe", 1, "on", None])
+def test_whole_as_shards_is_auto_true_or_false(value: object) -> None:
+    document = yaml.safe_load(shipped_policy().read_text())
+    document["rewrites"]["whole_as_shards"] = {"enabled": value}
+    with pytest.raises(ConfigError, match=r"rewrites\.whole_as_shards\.enabled: expected auto, true or false"):
+        parse_policy_text(yaml.safe_dump(document), "p.yaml")

@@ -91,6 +91,16 @@ def test_slurm_24_11_figures_by_gpu_type_and_user() -> None:
     assert by[("none", "aigc-bob")].jobs == 2  # het component without GPUs, pending array
 
 
+def test_all_of_a_gpus_shards_count_as_a_whole_gpu_job() -> None:
+    # On Slurm 22.05 the hook asks for a whole GPU as all of its shards (rewrites.whole_as_shards):
+    # 16 of a t4's 16 shards is one whole GPU, not a shard job; 8 of them is half a GPU, shared.
+    jobs = [record("1", "2026-11-30T00:00:00", "2026-11-30T01:00:00", "gres/shard=16", nodes="t4-01"),
+            record("2", "2026-11-30T00:00:00", "2026-11-30T01:00:00", "gres/shard=8", nodes="t4-01")]
+    total = build_report(params(), jobs).total
+    assert (total.whole_gpu_jobs, total.shard_jobs) == (1, 1)
+    assert total.whole_gpu_hours == pytest.approx(1.0) and total.shard_gpu_hours == pytest.approx(0.5)
+
+
 def test_window_clips_and_running_jobs_count_to_until() -> None:
     jobs = [record("1", "2026-11-29T22:00:00", "2026-11-30T02:00:00", "gres/gpu:a100=2,gres/gpu=2", submit="2026-11-29T20:00:00"),
             record("2", "2026-11-30T23:30:00", None, "gres/gpu:a100=1,gres/gpu=1", state="RUNNING"),
