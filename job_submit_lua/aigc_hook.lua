@@ -678,28 +678,39 @@ end
 -- the Slurm release `policy install` found is older than the first one measured without the
 -- defect), a one-GPU whole job asks for all the shards of one GPU type instead of `gpu:1`.
 -- A GRES request has one count, so the types must agree on it: all the job's types share a
--- shard count, or the job is pinned to the smallest type it fits (memory above its vram=)
--- where it may not fit beside a shard job (vram= over that type's memory less the largest
--- shard job the shard rule puts there); a job at no risk keeps its types and `gpu:1`.
--- Multi-GPU jobs cannot be asked for this way, and the controller still handles theirs.
+-- shard count, or (vram= known) the job goes where it is at risk no more. At risk on a type is
+-- a vram= over its memory less the largest shard job the shard rule puts there (8 GiB of a
+-- 16 GiB t4). A job at risk on none of its types keeps them and `gpu:1`. Else the smallest of
+-- its types with memory above its vram: pinned there when it is at risk there (a 13 GiB
+-- fine-tune on t4 as shard:16); when it is not, only the smaller types, which the job would fill
+-- to the brim, were at risk, and they are dropped (a 16 GiB job on a100 only; left as submitted
+-- if the types left differ in count too). Multi-GPU jobs cannot be asked for this way, and the controller still handles theirs.
+local function shared_count(types)
+    local count = types[1] and types[1].shards_per_gpu or 0
+    for _, t in ipairs(types) do
+        if t.shards_per_gpu ~= count then return nil end
+    end
+    return count > 0 and count or nil
+end
+
 local function whole_shard_types(view, gpu)
     if gpu.type then
         local t = type_by_name(gpu.type)
         return t and t.shards_per_gpu > 0 and { t } or nil
     end
     local types = view.allowed_list or TYPES
-    local count = types[1] and types[1].shards_per_gpu or 0
-    local same = count > 0
-    for _, t in ipairs(types) do
-        if t.shards_per_gpu ~= count then same = false end
-    end
-    if same then return types end
+    if shared_count(types) then return types end
     local vram = view.tags and view.tags.vram
     if not vram then return nil end
+    local safe = {}
+    for _, t in ipairs(types) do
+        if vram <= t.memory_gib * (1 - P.rewrites.shard.max_fraction) then safe[#safe + 1] = t end
+    end
+    if #safe == #types then return nil end
     for _, t in ipairs(types) do  -- ascending memory
-        if t.memory_gib > vram and t.shards_per_gpu > 0 then
-            local at_risk = vram > t.memory_gib * (1 - P.rewrites.shard.max_fraction)
-            return at_risk and { t } or nil
+        if t.memory_gib > vram then
+            if not set_of_names(safe)[t.name] then return { t } end
+            return shared_count(safe) and safe or nil
         end
     end
     return nil

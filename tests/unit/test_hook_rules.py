@@ -561,6 +561,9 @@ def test_on_slurm_22_05_a_whole_gpu_at_risk_beside_a_shard_job_asks_for_all_its_
     assert finetune.changes["tres_per_node"] == ("gres:gpu:1", "gres:shard:16")
     assert finetune.changes["features"] == (None, "t4")
     assert any("whole_as_shards" in message for message in finetune.messages)
+    # 16 GiB would fill a t4 to the brim (real ones hold 15): the t4 is dropped, not pinned.
+    brim = submit(hook, comment="aigc:type=finetune,vram=16G", tres_per_node="gres:gpu:1")
+    assert brim.changes["tres_per_node"] == ("gres:gpu:1", "gres:shard:80") and brim.changes["features"] == (None, "a100")
     # Only a100 holds 30 GiB: all of an a100's shards.
     big = submit(hook, comment="aigc:type=finetune,vram=30G", tres_per_node="gres:gpu:1")
     assert big.changes["tres_per_node"] == ("gres:gpu:1", "gres:shard:80") and big.changes["features"] == (None, "a100")
@@ -578,7 +581,6 @@ def test_on_slurm_22_05_a_whole_gpu_at_risk_beside_a_shard_job_asks_for_all_its_
 @pytest.mark.parametrize("fields", [
     {"comment": "aigc:type=imagegen,vram=7G", "tres_per_node": "gres:gpu:1"},  # fits a t4 beside any shard job
     {"comment": "aigc:type=finetune", "tres_per_node": "gres:gpu:1"},  # no vram=: t4 or a100, counts differ
-    {"comment": "aigc:type=finetune,vram=16G", "tres_per_node": "gres:gpu:1"},  # a100 only above it, at no risk there
     {"comment": "aigc:type=train,vram=30G", "tres_per_node": "gres:gpu:2"},  # more than one GPU
     {"comment": "aigc:type=finetune,vram=30G", "tres_per_node": "gres:gpu:1", "min_nodes": 2},
     {"comment": "aigc:type=finetune,vram=30G", "tres_per_node": "gres:gpu:1", "mem_per_tres": "gres:gpu:4096"},
