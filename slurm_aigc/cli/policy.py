@@ -49,7 +49,7 @@ def slurm_version_here(given: tuple[int, ...] | None, quiet: bool = False) -> tu
     except (AigcError, OSError) as error:
         if not quiet:
             click.echo(f"note: cannot read the Slurm version here ({error}); rendering for an unknown release "
-                   "(rewrites.whole_as_shards: auto is off); pass --slurm-version", err=True)
+                       "(rewrites.whole_as_shards: auto is off); pass --slurm-version", err=True)
         return None
 
 

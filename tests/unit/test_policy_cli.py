@@ -151,3 +151,13 @@ def test_render_and_classify_follow_the_slurm_release_asked_for() -> None:
 def test_a_slurm_version_that_is_not_a_release_is_refused(given: str) -> None:
     result = CliRunner().invoke(policy, ["render", "--policy", POLICY, "--slurm-version", given])
     assert result.exit_code == 2 and "expected a Slurm release such as 22.05" in result.output
+
+
+def test_render_where_no_slurm_can_be_asked_says_so_and_leaves_auto_off(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol here
+    result = CliRunner().invoke(policy, ["render", "--policy", POLICY])
+    assert result.exit_code == 0, result.output
+    assert "cannot read the Slurm version here" in result.stderr and "pass --slurm-version" in result.stderr
+    assert "-- for Slurm: unknown\n" in result.stdout
+    assert '["whole_as_shards"] = {\n      ["enabled"] = false' in result.stdout
