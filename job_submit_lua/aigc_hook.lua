@@ -677,14 +677,18 @@ end
 -- tests/integration/test_slurm_shards.py). So where the policy renders this rule on (`auto`:
 -- the Slurm release `policy install` found is older than the first one measured without the
 -- defect), a one-GPU whole job asks for all the shards of one GPU type instead of `gpu:1`.
--- A GRES request has one count, so the types must agree on it: all the job's types share a
--- shard count, or (vram= known) the job goes where it is at risk no more. At risk on a type is
--- a vram= over its memory less the largest shard job the shard rule puts there (8 GiB of a
--- 16 GiB t4). A job at risk on none of its types keeps them and `gpu:1`. Else the smallest of
--- its types with memory above its vram: pinned there when it is at risk there (a 13 GiB
--- fine-tune on t4 as shard:16); when it is not, only the smaller types, which the job would fill
--- to the brim, were at risk, and they are dropped (a 16 GiB job on a100 only; left as submitted
--- if the types left differ in count too). Multi-GPU jobs cannot be asked for this way, and the controller still handles theirs.
+-- Only where the job is at risk: where its vram= is over the GPU's memory less the largest shard
+-- job the shard rule puts there (`shard.max_fraction` of it: 8 GiB of a 16 GiB t4), where its
+-- vram is unknown, or wherever when it asked `share=no` (a GPU of its own). A job that fits beside
+-- a shard job keeps `gpu:1`: on 22.05 it may then share a GPU, as before, and the controller
+-- acts if the two fill its memory; asking it as shards too cost the 4-node benchmark a fifth of
+-- its jobs (docs/benchmarks.md), as it waits for GPUs that it and a shard job could share.
+-- A GRES request has one count, so the job's types must agree on it: a typed request, or types
+-- that share a shard count; else (vram= known) the smallest of its types with memory above its
+-- vram: pinned there as shards when at risk there (a 13 GiB fine-tune: t4, shard:16); when not,
+-- only the smaller types were, which it would fill to the brim, and they are dropped with
+-- `gpu:1` kept (a 16 GiB job: a100). Multi-GPU jobs cannot be asked this way; the controller
+-- still handles theirs.
 local function shared_count(types)
     local count = types[1] and types[1].shards_per_gpu or 0
     for _, t in ipairs(types) do
@@ -693,24 +697,31 @@ local function shared_count(types)
     return count > 0 and count or nil
 end
 
-local function whole_shard_types(view, gpu)
-    if gpu.type then
-        local t = type_by_name(gpu.type)
-        return t and t.shards_per_gpu > 0 and { t } or nil
+-- (types, true): all of one GPU's shards on those types; (types, false): `gpu:1`, kept to those
+-- types; nil: the job as it is.
+local function whole_shard_plan(view, gpu)
+    local tags = view.tags or {}
+    local vram = tags.vram
+    local function at_risk(t)
+        return tags.share == false or not vram or vram > t.memory_gib * (1 - P.rewrites.shard.max_fraction)
     end
     local types = view.allowed_list or TYPES
-    if shared_count(types) then return types end
-    local vram = view.tags and view.tags.vram
-    if not vram then return nil end
+    if gpu.type then
+        local t = type_by_name(gpu.type)
+        if not t or t.shards_per_gpu == 0 then return nil end
+        types = { t }
+    end
     local safe = {}
     for _, t in ipairs(types) do
-        if vram <= t.memory_gib * (1 - P.rewrites.shard.max_fraction) then safe[#safe + 1] = t end
+        if not at_risk(t) then safe[#safe + 1] = t end
     end
     if #safe == #types then return nil end
+    if shared_count(types) then return types, true end
+    if not vram then return nil end
     for _, t in ipairs(types) do  -- ascending memory
         if t.memory_gib > vram then
-            if not set_of_names(safe)[t.name] then return { t } end
-            return shared_count(safe) and safe or nil
+            if at_risk(t) then return { t }, true end
+            return safe, false
         end
     end
     return nil
@@ -723,14 +734,18 @@ local function rule_whole_as_shards(view)
     if view.modify or gpu.count ~= 1 or not single_node(view) then return end
     if gpu.field ~= "tres_per_node" and gpu.field ~= "tres_per_job" then return end
     if get(view, "cpus_per_tres") or get(view, "mem_per_tres") then return end
-    local types = whole_shard_types(view, gpu)
+    local types, as_shards = whole_shard_plan(view, gpu)
     if not types then return end
+    if not as_shards then
+        restrict_types(view, types, format("whole_as_shards: vram=%gG would fill a smaller GPU beside a shard job "
+            .. "(the Slurm 22.05 shard defect)", view.tags.vram))
+        return
+    end
     local shards = types[1].shards_per_gpu
     local why = format("whole_as_shards: one whole %s GPU as shard:%d (the Slurm 22.05 shard defect)",
         types_expr(types) or types[1].name, shards)
     if not restrict_types(view, types, why) then return end
     ask_shards(view, gpu, shards, why)
-    view.whole_shards = true
 end
 
 -- Slurm rejects a job whose --prefer names a feature no node has ("Invalid preferred feature
@@ -1098,7 +1113,7 @@ end
 
 -- A job whose tag gives no `type` (or that has no tag): its owner's learned entry for its name
 -- fills the keys the tag leaves out (class, vram), so the rules (shard, vram_fit, nvlink,
--- class_defaults) apply as if the user had tagged them. `view.learned` = {class, vram, sm, key}
+-- whole_as_shards, class_defaults) apply as if the user had tagged them. `view.learned` = {class, vram, sm, key}
 -- (sm 0..1, read by rule_shard). Submit only, never root's jobs (never rewritten), never an
 -- interactive job's, never a job without GPUs: a CPU job named like its owner's GPU jobs (the
 -- data preparation before them) would get the GPU class's qos and time limit.

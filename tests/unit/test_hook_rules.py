@@ -561,29 +561,31 @@ def test_on_slurm_22_05_a_whole_gpu_at_risk_beside_a_shard_job_asks_for_all_its_
     assert finetune.changes["tres_per_node"] == ("gres:gpu:1", "gres:shard:16")
     assert finetune.changes["features"] == (None, "t4")
     assert any("whole_as_shards" in message for message in finetune.messages)
-    # 16 GiB would fill a t4 to the brim (real ones hold 15): the t4 is dropped, not pinned.
-    brim = submit(hook, comment="aigc:type=finetune,vram=16G", tres_per_node="gres:gpu:1")
-    assert brim.changes["tres_per_node"] == ("gres:gpu:1", "gres:shard:80") and brim.changes["features"] == (None, "a100")
-    # Only a100 holds 30 GiB: all of an a100's shards.
-    big = submit(hook, comment="aigc:type=finetune,vram=30G", tres_per_node="gres:gpu:1")
+    # 60 GiB does not fit an a100 beside a 40 GiB shard job: all of an a100's shards.
+    big = submit(hook, comment="aigc:type=finetune,vram=60G", tres_per_node="gres:gpu:1")
     assert big.changes["tres_per_node"] == ("gres:gpu:1", "gres:shard:80") and big.changes["features"] == (None, "a100")
-    # share=no: a GPU of its own, which all of its shards are.
+    # share=no: a GPU of its own, which all of its shards are, whatever its size.
     alone = submit(hook, comment="aigc:type=infer,vram=30G,share=no", tres_per_node="gres:gpu:1")
     assert alone.changes["tres_per_node"] == ("gres:gpu:1", "gres:shard:80")
-    # A typed request: that type's shards, and the type kept as a constraint.
+    # A typed request without vram= (risk unknown): that type's shards, the type kept as a constraint.
     typed = submit(hook, comment="aigc:type=train", tres_per_node="gres:gpu:t4:1")
     assert typed.changes["tres_per_node"] == ("gres:gpu:t4:1", "gres:shard:16") and typed.changes["features"] == (None, "t4")
     # Per job on one node: the count moves to the node, as the shard rule does.
-    per_job = submit(hook, comment="aigc:type=finetune,vram=30G", tres_per_job="gres:gpu:1")
+    per_job = submit(hook, comment="aigc:type=finetune,vram=60G", tres_per_job="gres:gpu:1")
     assert per_job.changes["tres_per_job"] == ("gres:gpu:1", None) and per_job.changes["tres_per_node"] == (None, "gres:shard:80")
+    # 16 GiB would fill a t4 to the brim (real ones hold 15) and fits an a100 beside any shard job:
+    # the t4 is dropped and the job keeps gpu:1.
+    brim = submit(hook, comment="aigc:type=finetune,vram=16G", tres_per_node="gres:gpu:1")
+    assert "tres_per_node" not in brim.changes and brim.changes["features"] == (None, "a100")
 
 
 @pytest.mark.parametrize("fields", [
     {"comment": "aigc:type=imagegen,vram=7G", "tres_per_node": "gres:gpu:1"},  # fits a t4 beside any shard job
+    {"comment": "aigc:type=finetune,vram=30G", "tres_per_node": "gres:gpu:1"},  # fits an a100 beside any shard job
     {"comment": "aigc:type=finetune", "tres_per_node": "gres:gpu:1"},  # no vram=: t4 or a100, counts differ
-    {"comment": "aigc:type=train,vram=30G", "tres_per_node": "gres:gpu:2"},  # more than one GPU
-    {"comment": "aigc:type=finetune,vram=30G", "tres_per_node": "gres:gpu:1", "min_nodes": 2},
-    {"comment": "aigc:type=finetune,vram=30G", "tres_per_node": "gres:gpu:1", "mem_per_tres": "gres:gpu:4096"},
+    {"comment": "aigc:type=train,vram=60G", "tres_per_node": "gres:gpu:2"},  # more than one GPU
+    {"comment": "aigc:type=finetune,vram=60G", "tres_per_node": "gres:gpu:1", "min_nodes": 2},
+    {"comment": "aigc:type=finetune,vram=60G", "tres_per_node": "gres:gpu:1", "mem_per_tres": "gres:gpu:4096"},
     {"name": "notes", "tres_per_node": "gres:gpu:a100:1"},  # an unknown class is left as submitted
 ])
 def test_whole_as_shards_leaves_what_it_cannot_or_need_not_ask_that_way(tmp_path: Path, fields: dict[str, Any]) -> None:
@@ -597,7 +599,7 @@ def test_whole_as_shards_leaves_what_it_cannot_or_need_not_ask_that_way(tmp_path
 ])
 def test_whole_as_shards_auto_follows_the_slurm_release_rendered_for(tmp_path: Path, version: tuple[int, ...] | None,
                                                                      enabled: Any, asks_shards: bool) -> None:
-    result = submit(runtime_for_slurm(tmp_path, version, enabled), comment="aigc:type=finetune,vram=30G",
+    result = submit(runtime_for_slurm(tmp_path, version, enabled), comment="aigc:type=finetune,vram=60G",
                     tres_per_node="gres:gpu:1")
     assert (result.changes.get("tres_per_node") == ("gres:gpu:1", "gres:shard:80")) is asks_shards
 
