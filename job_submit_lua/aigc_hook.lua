@@ -581,16 +581,21 @@ local function ask_shards(view, gpu, shards, why)
     end
 end
 
+-- A GPU request a rule may turn into shards: one GPU on one node, per node or per job, without
+-- --cpus-per-gpu/--mem-per-gpu (which Slurm ties to the GPU count), at submit only: Slurm 22.05
+-- refuses a GRES change in `scontrol update` of a pending job ("Invalid generic resource (gres)
+-- specification"), failing the whole update.
+local function shardable(view, gpu)
+    if view.modify or gpu.count ~= 1 or not single_node(view) then return false end
+    if gpu.field ~= "tres_per_node" and gpu.field ~= "tres_per_job" then return false end
+    return not get(view, "cpus_per_tres") and not get(view, "mem_per_tres")
+end
+
 local function rule_shard(view)
     local cfg = P.rewrites.shard
     local tags, gpu = view.tags, view.gpu
     if not cfg.enabled or not SHARD_CLASSES[view.class] or not gpu or not tags or not tags.vram then return end
-    -- Slurm 22.05 refuses a GRES change in `scontrol update` of a pending job ("Invalid generic
-    -- resource (gres) specification"), failing the whole update: shards are chosen at submit only.
-    if view.modify then return end
-    if tags.share == false or gpu.count ~= 1 or gpu.type or not single_node(view) then return end
-    if gpu.field ~= "tres_per_node" and gpu.field ~= "tres_per_job" then return end
-    if get(view, "cpus_per_tres") or get(view, "mem_per_tres") then return end
+    if tags.share == false or gpu.type or not shardable(view, gpu) then return end
     local vram = tags.vram
     local shards, allowed, sm, source = shard_request(view.class, vram, view.learned)
     if not shards then
@@ -730,10 +735,7 @@ end
 local function rule_whole_as_shards(view)
     local gpu = view.gpu
     if not P.rewrites.whole_as_shards.enabled or view.sharded or not gpu or view.class == "unknown" then return end
-    -- 22.05 refuses a GRES change in `scontrol update` of a pending job (see rule_shard).
-    if view.modify or gpu.count ~= 1 or not single_node(view) then return end
-    if gpu.field ~= "tres_per_node" and gpu.field ~= "tres_per_job" then return end
-    if get(view, "cpus_per_tres") or get(view, "mem_per_tres") then return end
+    if not shardable(view, gpu) then return end
     local types, as_shards = whole_shard_plan(view, gpu)
     if not types then return end
     if not as_shards then

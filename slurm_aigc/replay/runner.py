@@ -41,7 +41,7 @@ from slurm_aigc.replay.metrics import END_STATES, JobOutcome, UsageSample
 from slurm_aigc.replay.timescale import replay_policy, workload_compression
 from slurm_aigc.replay.workload import Workload, WorkloadJob
 from slurm_aigc.report.sacct import JobRecord, SacctQuery, SacctReader, SkippedRow
-from slurm_aigc.report.tres import gpu_equivalents, shares_a_gpu
+from slurm_aigc.report.tres import gpu_equivalents, holds_shared_fraction, shares_a_gpu
 from slurm_aigc.slurm import SlurmCli
 from slurm_aigc.telemetry.gres import expand_nodes
 from slurm_aigc.telemetry.simgpu import SIM_GPU_MODELS
@@ -370,7 +370,7 @@ def work_end_s(job: WorkloadJob) -> float | None:
 def _outcome(job_id: str, rows: list[JobRecord], job_class: str, shards_per_gpu: dict[str, int]) -> JobOutcome:
     rows = sorted(rows, key=lambda r: (r.start_ts or r.submit_ts or 0.0))
     last = rows[-1]
-    whole, fraction, _ = gpu_equivalents(last.tres, shards_per_gpu, last.node_list)
+    whole, fraction, resolved = gpu_equivalents(last.tres, shards_per_gpu, last.node_list)
     allocated = 0.0
     for row in rows:
         if row.start_ts is not None:
@@ -383,7 +383,7 @@ def _outcome(job_id: str, rows: list[JobRecord], job_class: str, shards_per_gpu:
         job_id=job_id, job_class=job_class, gpus=whole + fraction, submit_ts=submit,
         start_ts=min(starts) if starts else None, end_ts=last.end_ts, state=last.state.split()[0],
         requeues=sum(1 for r in rows if r.requeued), allocated_gpu_s=allocated,
-        shared=shares_a_gpu(last.tres, shards_per_gpu, last.node_list), last_start_ts=last.start_ts,
+        shared=holds_shared_fraction(last.tres, fraction, resolved), last_start_ts=last.start_ts,
         queued=tuple((r.submit_ts, r.start_ts) for r in rows if r.submit_ts is not None),
         first_end_ts=ran[0].end_ts if ran else None,
     )

@@ -20,7 +20,7 @@ from datetime import date, datetime, time, timedelta, tzinfo
 from slurm_aigc.policy.model import ClassPolicy, ReclaimConfig
 from slurm_aigc.report.records import ActionEvent, SampleSlice
 from slurm_aigc.report.sacct import JobRecord, SkippedRow
-from slurm_aigc.report.tres import gpu_equivalents, gpu_type_of, shares_a_gpu
+from slurm_aigc.report.tres import gpu_equivalents, gpu_type_of, holds_shared_fraction
 from slurm_aigc.series import GpuSeries, Sample
 from slurm_aigc.stats import percentile
 
@@ -246,17 +246,18 @@ class Aggregator:
         # Samples join the segment they fall in: a requeued job's runs can differ in partition and GPU type.
         end = record.end_ts if record.end_ts is not None else self._p.until_ts
         self._job_segments.setdefault(job, []).append(_Segment(record.start_ts, end, whole + shard, attrs))
+        sharing = holds_shared_fraction(record.tres, shard, resolved)
+        if not sharing:  # all of a GPU's shards (the hook's whole_as_shards on Slurm 22.05): a whole GPU
+            whole, shard = whole + shard, 0.0
         for day, seconds in self._pieces(record):
             key = self._key(attrs, day)
             for acc in (self._groups[key], self._total):
-                self._count_piece(acc, record, whole, shard, seconds)
+                self._count_piece(acc, record, whole, shard, seconds, sharing)
         self._count_segment(record, attrs)
 
-    def _count_piece(self, acc: _Acc, record: JobRecord, whole: float, shard: float, seconds: float) -> None:
+    def _count_piece(self, acc: _Acc, record: JobRecord, whole: float, shard: float, seconds: float,
+                     sharing: bool) -> None:
         job = record.job_id_raw
-        sharing = shares_a_gpu(record.tres, self._p.shards_per_gpu, record.node_list)
-        if not sharing:  # all of a GPU's shards (the hook's whole_as_shards on Slurm 22.05): a whole GPU
-            whole, shard = whole + shard, 0.0
         acc.jobs.add(job)
         acc.whole_gpu_s += whole * seconds
         acc.shard_gpu_s += shard * seconds

@@ -150,9 +150,14 @@ def gpu_equivalents(tres: Tres, shards_per_gpu: Mapping[str, int], node_list: st
 def shares_a_gpu(tres: Tres, shards_per_gpu: Mapping[str, int], node_list: str = "") -> bool:
     """Holds shards of a GPU that other jobs may hold too: not all of a GPU's shards, which is
     how the hook asks for a whole GPU on Slurm 22.05 (`rewrites.whole_as_shards`)."""
+    _whole, fraction, resolved = gpu_equivalents(tres, shards_per_gpu, node_list)
+    return holds_shared_fraction(tres, fraction, resolved)
+
+
+def holds_shared_fraction(tres: Tres, fraction: float, resolved: bool) -> bool:
+    """`shares_a_gpu` from the shard fraction `gpu_equivalents` already gave for `tres`."""
     if tres.shards == 0:
         return False
-    _whole, fraction, resolved = gpu_equivalents(tres, shards_per_gpu, node_list)
     return not resolved or fraction < 1.0 - 1e-9 or abs(fraction - round(fraction)) > 1e-9
 
 
