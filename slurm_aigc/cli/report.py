@@ -25,6 +25,7 @@ from slurm_aigc.report.sacct import (
     SacctReader,
     SkippedRow,
     filter_classes,
+    too_many_windows,
     with_live_comments,
 )
 from slurm_aigc.report.samples import SampleStore
@@ -158,7 +159,8 @@ def report(ctx: click.Context, since: str, until: str, user: tuple[str, ...], ac
         return
     env = _env(ctx)
     start, end = _window(since, until, env.now())
-    if (windows := math.ceil((end - start) / timedelta(hours=chunk_hours))) > MAX_WINDOWS:  # say it in options
+    chunk = timedelta(hours=chunk_hours)
+    if (windows := too_many_windows(start, end, chunk)) is not None:  # the reader's refusal, said in options
         raise click.BadParameter(f"{since!r} to {until!r} is {windows:,} sacct windows of {chunk_hours:g} h; at most "
                                  f"{MAX_WINDOWS:,}: give a later --since or a larger --chunk-hours",
                                  param_hint="--since")
@@ -169,7 +171,7 @@ def report(ctx: click.Context, since: str, until: str, user: tuple[str, ...], ac
     params = figures.ReportParams(since_ts=query.since.timestamp(), until_ts=query.until.timestamp(),
                                   group_by=_group_keys(group_by), shards_per_gpu=_shards(shards_per_gpu, site),
                                   useful=useful, useful_by_class=useful_by_class)
-    result = _summary(env, query, params, db_url, timedelta(hours=chunk_hours))
+    result = _summary(env, query, params, db_url, chunk)
     click.echo(render.skipped_summary(result.skipped), err=True, nl=False)
     _emit(render.render_report(result, fmt), output)
 

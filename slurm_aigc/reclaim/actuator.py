@@ -158,6 +158,7 @@ class Actuator:
         config: ReclaimConfig,
         *,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         command_runner: Runner = run_command,
         after_intent: Callable[[PlannedAction], None] | None = None,
@@ -166,7 +167,10 @@ class Actuator:
         self._slurm = slurm
         self._store = store
         self.config = config
-        self._clock = clock
+        self._clock = clock  # timestamps for the audit trail
+        # Elapsed time (waits, listing age): an NTP step of the wall clock would stretch a wait
+        # (stalling the tick) or cut it short.
+        self._monotonic = monotonic
         self._sleep = sleep
         self._command_runner = command_runner
         # Test hook, called after the intent is recorded and the job re-read, right before acting.
@@ -254,9 +258,9 @@ class Actuator:
         taken in this batch at most RECHECK_LISTING_MAX_AGE_S ago."""
         if not self._slurm.job_read_lists_all():
             return self._slurm.job(job_id)
-        now = self._clock()
+        now = self._monotonic()
         listed = self._recheck_listing
-        if listed is None or not 0.0 <= now - listed[0] <= self.RECHECK_LISTING_MAX_AGE_S:
+        if listed is None or now - listed[0] > self.RECHECK_LISTING_MAX_AGE_S:
             listed = self._recheck_listing = (now, {job.job_id: job for job in self._slurm.jobs()})
         return listed[1].get(job_id)
 
@@ -411,10 +415,10 @@ class Actuator:
 
         Polls the state alone (`squeue -j ID -o %A|%T`, one job), then reads the job once.
         """
-        deadline = self._clock() + wait_s
+        deadline = self._monotonic() + wait_s
         while True:
             state = self._slurm.job_state(job_id)
-            if state is None or state in _SETTLED_STATES or self._clock() >= deadline:
+            if state is None or state in _SETTLED_STATES or self._monotonic() >= deadline:
                 job = self._slurm.job(job_id)
                 return hold_phase(job), job
             self._sleep(1.0)

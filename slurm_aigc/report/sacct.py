@@ -149,16 +149,20 @@ def _slurm_time(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S")
 
 
-def windows(since: datetime, until: datetime, chunk: timedelta) -> list[tuple[datetime, datetime]]:
-    """[since, until) cut into consecutive windows of at most `chunk`."""
+def window_count(since: datetime, until: datetime, chunk: timedelta) -> int:
+    """How many windows `windows(since, until, chunk)` cuts, without building them.
+
+    Integer division of microseconds: a float quotient rounds off the last microsecond
+    of a span over 2**53 us (285 years) and counts one window less than there are.
+    """
     if chunk <= timedelta(0):
         raise ValueError("chunk must be positive")
-    edges: list[tuple[datetime, datetime]] = []
-    start = since
-    while start < until:
-        edges.append((start, min(start + chunk, until)))
-        start = edges[-1][1]
-    return edges
+    return max(0, -((since - until) // chunk))  # the ceiling of (until - since) / chunk
+
+
+def windows(since: datetime, until: datetime, chunk: timedelta) -> list[tuple[datetime, datetime]]:
+    """[since, until) cut into consecutive windows of at most `chunk`."""
+    return [(since + i * chunk, min(since + (i + 1) * chunk, until)) for i in range(window_count(since, until, chunk))]
 
 
 def parse_sacct_output(text: str, *, tz: tzinfo | None = None, source: str = "") -> Iterator[Row]:
@@ -271,6 +275,16 @@ def anchor_ts(record: JobRecord) -> float | None:
 MAX_WINDOWS = 2_000
 
 
+def too_many_windows(since: datetime, until: datetime, chunk: timedelta) -> int | None:
+    """The number of sacct windows of `chunk` in [since, until) when over MAX_WINDOWS, else None.
+
+    `SacctReader` refuses by it, and `slurm-aigc report` before it in its options' words:
+    one count, so the two cannot disagree about a range.
+    """
+    count = window_count(since, until, chunk)
+    return count if count > MAX_WINDOWS else None
+
+
 class SacctReader:
     """Reads `sacct` window by window and yields each allocation record exactly once.
 
@@ -286,10 +300,7 @@ class SacctReader:
 
     def rows(self, query: SacctQuery) -> Iterator[Row]:
         """`sacct -X -D --json ...` per window; records outside their anchor window are not repeated."""
-        edges = windows(query.since, query.until, self._chunk) if not query.job_ids else [(query.since, query.until)]
-        if len(edges) > MAX_WINDOWS:
-            raise AigcError(f"{_slurm_time(query.since)} to {_slurm_time(query.until)} is {len(edges):,} sacct windows of "
-                            f"{self._chunk}; at most {MAX_WINDOWS:,}: give a later start or larger windows")
+        edges = self._windows(query)
         for index, (start, end) in enumerate(edges):
             args = sacct_args(start, end, query)
             source = f"sacct window {_slurm_time(start)}..{_slurm_time(end)}"
@@ -298,6 +309,15 @@ class SacctReader:
             for row in parse_sacct_output(stdout, tz=self._tz, source=source):
                 if isinstance(row, SkippedRow) or query.job_ids or _owns(row, start, end, first=first, last=last, tz=self._tz):
                     yield row
+
+    def _windows(self, query: SacctQuery) -> list[tuple[datetime, datetime]]:
+        """A job query reads its whole range at once; the rest window by window, up to MAX_WINDOWS."""
+        if query.job_ids:
+            return [(query.since, query.until)]
+        if (count := too_many_windows(query.since, query.until, self._chunk)) is not None:
+            raise AigcError(f"{_slurm_time(query.since)} to {_slurm_time(query.until)} is {count:,} sacct windows of "
+                            f"{self._chunk}; at most {MAX_WINDOWS:,}: give a later start or larger windows")
+        return windows(query.since, query.until, self._chunk)
 
 
 def _owns(record: JobRecord, start: datetime, end: datetime, *, first: bool, last: bool, tz: tzinfo | None) -> bool:

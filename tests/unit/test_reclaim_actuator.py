@@ -55,7 +55,8 @@ def setup(store: ReclaimStore, **job: object) -> tuple[FakeSlurm, Actuator, Cloc
         return CommandResult(tuple(argv), 0, "", "")  # type: ignore[arg-type]
 
     clock = Clock()
-    actuator = Actuator(SlurmCli(runner=fake), store, CONFIG, clock=clock, sleep=clock.sleep, command_runner=mailer)
+    actuator = Actuator(SlurmCli(runner=fake), store, CONFIG, clock=clock, monotonic=clock, sleep=clock.sleep,
+                        command_runner=mailer)
     return fake, actuator, clock, mails
 
 
@@ -252,8 +253,30 @@ def finish_epilog(fake: FakeSlurm, job_id: str = "7") -> None:
 def slow_epilog(store: ReclaimStore) -> tuple[FakeSlurm, Actuator, Clock]:
     fake, _, clock, _ = setup(store)
     fake.pending_after_polls = 10_000  # stays COMPLETING until finish_epilog
-    actuator = Actuator(SlurmCli(runner=fake), store, CONFIG, clock=clock, sleep=clock.sleep, pending_wait_s=5.0)
+    actuator = Actuator(SlurmCli(runner=fake), store, CONFIG, clock=clock, monotonic=clock, sleep=clock.sleep,
+                        pending_wait_s=5.0)
     return fake, actuator, clock
+
+
+@pytest.mark.parametrize("step_s", [-3600.0, 3600.0])
+def test_the_wait_for_pending_lasts_its_time_whatever_the_wall_clock_does(store: ReclaimStore, step_s: float) -> None:
+    # An NTP step of the wall clock mid-wait: back, the wait lasted an hour more (the tick
+    # stalled); forward, it ended after one poll.
+    fake, _, _, _ = setup(store)
+    fake.pending_after_polls = 10_000  # stays COMPLETING: the wait runs its full time
+    monotonic, wall = Clock(), Clock()
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        monotonic.sleep(seconds)
+        wall.sleep(seconds + (step_s if len(sleeps) == 1 else 0.0))
+
+    actuator = Actuator(SlurmCli(runner=fake), store, CONFIG, clock=wall, monotonic=monotonic, sleep=sleep,
+                        pending_wait_s=5.0)
+    result = actuator.apply(plan("shrink", gpus_after=1), show(fake))
+    assert result.state == "intent" and result.detail["phase"] == "waiting_pending"
+    assert sum(sleeps) == 5.0
 
 
 def test_requeue_of_a_job_that_ended_since_the_tick_read_it_is_skipped(store: ReclaimStore) -> None:
@@ -391,7 +414,7 @@ def test_a_batch_rechecks_from_one_listing_while_it_is_fresh_on_22_05_and_reads_
     def slow_action(_: PlannedAction) -> None:  # each action takes 0.6 s: the third re-check lists again
         clock.now += 0.6
 
-    actuator = Actuator(SlurmCli(runner=fake), store, CONFIG, clock=clock, after_intent=slow_action,
+    actuator = Actuator(SlurmCli(runner=fake), store, CONFIG, clock=clock, monotonic=clock, after_intent=slow_action,
                         command_runner=lambda argv, timeout_s, stdin=None: CommandResult(tuple(argv), 0, "", ""))
     decided_on = {j.job_id: j for j in SlurmCli(runner=fake).jobs()}
     fake.calls.clear()
@@ -402,6 +425,25 @@ def test_a_batch_rechecks_from_one_listing_while_it_is_fresh_on_22_05_and_reads_
         assert reads == [["squeue", "--json"]] * 2
     else:
         assert reads == [["scontrol", "-d", "--json", "show", "job", j] for j in ("7", "8", "9")]
+
+
+def test_a_wall_clock_step_back_does_not_keep_a_stale_listing_for_the_rechecks(store: ReclaimStore) -> None:
+    # 1.5 s pass while the wall clock steps back 1 s: by the wall clock the listing was 0.5 s
+    # old and the next re-check trusted a listing older than RECHECK_LISTING_MAX_AGE_S.
+    fake = FakeSlurm(jobs={j: FakeJob(j, gpus=4) for j in ("7", "8")}, version="22.05.8")
+    monotonic, wall = Clock(), Clock()
+
+    def slow_action(_: PlannedAction) -> None:
+        monotonic.now += 1.5
+        wall.now += 1.5 - 1.0
+
+    actuator = Actuator(SlurmCli(runner=fake), store, CONFIG, clock=wall, monotonic=monotonic,
+                        after_intent=slow_action,
+                        command_runner=lambda argv, timeout_s, stdin=None: CommandResult(tuple(argv), 0, "", ""))
+    decided_on = {j.job_id: j for j in SlurmCli(runner=fake).jobs()}
+    fake.calls.clear()
+    actuator.apply_batch([(plan("notify", job_id=j, step=0), decided_on[j]) for j in ("7", "8")])
+    assert [c for c in fake.calls if c[0] == "squeue"] == [["squeue", "--json"]] * 2
 
 
 def crashed_shrink_intent(store: ReclaimStore) -> FakeSlurm:

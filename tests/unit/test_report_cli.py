@@ -7,7 +7,7 @@ import io
 import json
 from collections.abc import Sequence
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -19,6 +19,7 @@ from slurm_aigc.cli.main import cli
 from slurm_aigc.cli.report import ReportEnv
 from slurm_aigc.db import ActionRecord, JobGpuSample, open_database, transaction
 from slurm_aigc.errors import AigcError
+from slurm_aigc.report.sacct import MAX_WINDOWS, SacctQuery, SacctReader
 from slurm_aigc.slurm import CommandResult, SlurmCli
 from tests.unit.report_fixtures import stamped_sacct
 
@@ -194,6 +195,49 @@ def test_a_window_of_too_many_sacct_calls_is_refused_before_any(db_url: str) -> 
     assert sacct.calls == []
     wide = run(RecordedSacct("sacct-22.05.json"), "--since", "now-3000days", "--chunk-hours", "720", "--db", db_url)
     assert wide.exit_code == 0, wide.stderr  # the same span in larger windows is fine
+
+
+class EmptySacct(RecordedSacct):
+    """Answers every sacct call with no jobs, up to as many calls as a read may make."""
+
+    MAX_CALLS = MAX_WINDOWS
+
+    def __init__(self) -> None:
+        self.text = json.dumps({"meta": {}, "errors": [], "jobs": []})
+        self.calls = []
+
+
+HOURS_1_5, HOURS_2500, US = timedelta(hours=1.5), timedelta(hours=2500), timedelta(microseconds=1)
+
+
+@pytest.mark.parametrize(("chunk_hours", "span", "count"), [
+    (1.5, MAX_WINDOWS * HOURS_1_5, MAX_WINDOWS),  # whole chunks
+    (1.5, MAX_WINDOWS * HOURS_1_5 + US, MAX_WINDOWS + 1),
+    (1.5, (MAX_WINDOWS - 1) * HOURS_1_5 + timedelta(minutes=30), MAX_WINDOWS),  # the last one partial
+    (1.5, MAX_WINDOWS * HOURS_1_5 + timedelta(minutes=30), MAX_WINDOWS + 1),
+    (2500.0, MAX_WINDOWS * HOURS_2500, MAX_WINDOWS),  # 570 years: over 2**53 microseconds
+    (2500.0, MAX_WINDOWS * HOURS_2500 + US, MAX_WINDOWS + 1),
+])
+def test_the_report_refuses_exactly_the_ranges_the_sacct_reader_refuses(db_url: str, chunk_hours: float,
+                                                                        span: timedelta, count: int) -> None:
+    # The command counted windows in floats: 2,000 windows of 2,500 h and a microsecond came to
+    # 2,000, the reader's edges to 2,001; the report passed its own check and then failed in the
+    # reader, with a message that names neither --since nor --chunk-hours.
+    since = NOW - span
+    sacct, reader_sacct = EmptySacct(), EmptySacct()
+    result = run(sacct, "--since", since.isoformat(), "--chunk-hours", f"{chunk_hours:g}", "--db", db_url)
+    reader = SacctReader(SlurmCli(runner=reader_sacct, slurm_version=(22, 5, 8)), chunk=timedelta(hours=chunk_hours))
+    if count <= MAX_WINDOWS:  # read by both
+        assert result.exit_code == 0, result.stderr
+        assert list(reader.rows(SacctQuery(since=since, until=NOW))) == []
+        assert len(sacct.calls) == len(reader_sacct.calls) == count
+        return
+    assert result.exit_code == 2, result.stderr
+    assert f"is {count:,} sacct windows of {chunk_hours:g} h; at most {MAX_WINDOWS:,}: give a later --since " \
+           "or a larger --chunk-hours" in result.stderr
+    with pytest.raises(AigcError, match=f"is {count:,} sacct windows"):
+        list(reader.rows(SacctQuery(since=since, until=NOW)))
+    assert sacct.calls == reader_sacct.calls == []
 
 
 @pytest.mark.parametrize("hours", ["0", "-1", "nan", "inf", "1e-9", "0.05", "1e300"])

@@ -20,6 +20,7 @@ from slurm_aigc.report.sacct import (
     aigc_class_of,
     parse_sacct_output,
     sacct_args,
+    window_count,
     windows,
     with_live_comments,
 )
@@ -183,6 +184,15 @@ def test_windows() -> None:
                      (datetime(2026, 12, 2), datetime(2026, 12, 2, 6))]
     with pytest.raises(ValueError):
         windows(datetime(2026, 11, 30), datetime(2026, 12, 1), timedelta(0))
+
+
+@pytest.mark.parametrize("more", [timedelta(0), timedelta(microseconds=1), timedelta(hours=-1)])
+def test_window_count_is_the_number_of_windows(more: timedelta) -> None:
+    # The last microsecond of a span over 2**53 us is lost in a float quotient.
+    chunk, since = timedelta(hours=2500), datetime(1456, 7, 8, 16)
+    until = since + 2000 * chunk + more
+    assert window_count(since, until, chunk) == len(windows(since, until, chunk)) == 2000 + (more > timedelta(0))
+    assert window_count(until, since, chunk) == 0
 
 
 # sacct -P's field names and how each is printed from a JSON job (for FakeSacct's text mode).
