@@ -48,7 +48,7 @@ from slurm_aigc.errors import DatabaseError
 
 DEFAULT_DB_URL = "sqlite:////var/lib/slurm-aigc/state.db"
 DEFAULT_URL_FILE = Path("/etc/slurm-aigc/db.url")
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 LOG = logging.getLogger(__name__)
 
 # The id of every table that grows. INT AUTO_INCREMENT (MariaDB/MySQL) and SERIAL (PostgreSQL)
@@ -201,6 +201,22 @@ class RetentionState(Base):
     __tablename__ = "retention_state"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     rolled_until: Mapped[float] = mapped_column(Double)
+
+
+class Lease(Base):
+    """Which controller process runs one part (reclaim, publisher, learner) of the controller
+    (schema version 5; slurm_aigc/lease.py).
+
+    Several controllers may run against one database, on several hosts (a standby): the one
+    holding a part's lease runs it, the others wait. `expires_at` is on the database server's
+    clock, so hosts whose clocks disagree still agree on it.
+    """
+
+    __tablename__ = "leases"
+    part: Mapped[str] = mapped_column(String(32), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(255))
+    acquired_at: Mapped[float] = mapped_column(Double)
+    expires_at: Mapped[float] = mapped_column(Double)
 
 
 # The tables an agent writes (and all it may write): see `AGENT_GRANTS` and docs/deploy.md.
@@ -468,8 +484,8 @@ def _wait_for_lock(connection: Connection, mysql: bool, timeout_s: int) -> None:
 
 @contextmanager
 def _file_lock(engine: Engine) -> Iterator[None]:
-    database = engine.url.database
-    if not database or database == ":memory:":
+    database = sqlite_path(engine.url)
+    if database is None:
         yield
         return
     with open(f"{database}.schema-lock", "a+b") as handle:
@@ -551,11 +567,17 @@ def drop_index(connection: Connection, table: str, name: str) -> None:
     connection.execute(text(f"DROP INDEX {name}{on_table}"))
 
 
+def _v5_leases(connection: Connection) -> None:
+    """Version 5: the `leases` table (see Lease), so that a standby controller can wait its turn."""
+    Base.metadata.tables[Lease.__tablename__].create(connection, checkfirst=True)
+
+
 # (target version, step) in order; each step runs in one transaction and keeps every row.
 MIGRATIONS: Sequence[tuple[int, Callable[[Connection], None]]] = (
     (2, _v2_double_precision),
     (3, _v3_gpu_samples_covering_index),
     (4, _v4_64_bit_ids_and_action_state_index),
+    (5, _v5_leases),
 )
 
 
@@ -634,10 +656,25 @@ def _engine(url: str | URL, timeout_s: int | None, create: bool = True) -> Engin
     return engine
 
 
+def sqlite_path(url: str | URL) -> str | None:
+    """The file a SQLite URL names, a `file:` URI's too (`sqlite:///file:/var/x.db?mode=ro&uri=true`);
+    None for a server, an in-memory database or a URL that does not parse (opening it says why)."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return None
+    path = parsed.database or ""
+    if parsed.query.get("uri"):
+        path = path.removeprefix("file:")
+    if parsed.get_backend_name() != "sqlite" or path in ("", ":memory:"):
+        return None
+    return path
+
+
 def _sqlite_file(url: URL, create: bool) -> None:
     """The SQLite file's folder, made when `create`; else DatabaseError when the file is missing."""
-    path = url.database
-    if not path or path == ":memory:" or url.query.get("uri"):  # a `file:` URI: SQLite's own modes decide
+    path = sqlite_path(url)
+    if path is None or url.query.get("uri"):  # a `file:` URI: SQLite's own modes (mode=ro, rwc) decide
         return
     if create:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -730,15 +767,24 @@ def probe_privileges(factory: sessionmaker[Session]) -> dict[str, bool]:
     return result
 
 
+# UTC_TIMESTAMP less the epoch, never UNIX_TIMESTAMP(NOW(6)): that turns the session's local
+# time back into seconds, an hour off in a DST fold where the server's zone is a named one.
+_MYSQL_NOW = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000"
+_SERVER_NOW = {"mysql": _MYSQL_NOW, "mariadb": _MYSQL_NOW, "postgresql": "EXTRACT(EPOCH FROM clock_timestamp())"}
+# SQLite has no server: its clock is the host's (one host is all a SQLite file serves).
+_SQLITE_NOW = "((julianday('now') - 2440587.5) * 86400.0)"
+
+
+def server_now_sql(dialect: str) -> str:
+    """An SQL expression for the database's clock as a Unix time (SQLite: the host's)."""
+    return _SERVER_NOW.get(dialect, _SQLITE_NOW)
+
+
 def server_time(factory: sessionmaker[Session]) -> float | None:
     """The database server's clock as a Unix time (None for SQLite, which has no server)."""
-    # UTC_TIMESTAMP less the epoch, never UNIX_TIMESTAMP(NOW(6)): that turns the session's local
-    # time back into seconds, an hour off in a DST fold where the server's zone is a named one.
-    mysql = "SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000"
-    queries = {"mysql": mysql, "mariadb": mysql, "postgresql": "SELECT EXTRACT(EPOCH FROM clock_timestamp())"}
     with transaction(factory) as session:
-        query = queries.get(session.get_bind().dialect.name)
-        return None if query is None else float(session.scalar(text(query)))
+        dialect = session.get_bind().dialect.name
+        return float(session.scalar(text(f"SELECT {_SERVER_NOW[dialect]}"))) if dialect in _SERVER_NOW else None
 
 
 def recreate_database(server_url: str, name: str) -> str:

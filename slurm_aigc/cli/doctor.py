@@ -21,8 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
 
 from slurm_aigc import db
 from slurm_aigc.errors import AigcError, DatabaseError
@@ -141,24 +139,13 @@ def _environment_file(path: str) -> dict[str, str]:
         raise DatabaseError(f"cannot read {path}, the daemon's environment: {error}") from error
 
 
-def _sqlite_file(url: str) -> str | None:
-    """The file of a SQLite URL (None for a server or an in-memory database)."""
-    try:
-        parsed = make_url(url)
-    except ArgumentError:
-        return None  # open_db says what is wrong with it
-    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
-        return None
-    return parsed.database
-
-
 def check_database(env: DoctorEnv, role: str, db_url: str | None) -> list[Finding]:
     fix = "check the URL file (docs/deploy.md, step 1) and the server"
     try:
         url, source = database_url(env, role, db_url)
     except AigcError as error:
         return [Finding("database", False, str(error), fix)]
-    sqlite = _sqlite_file(url)
+    sqlite = db.sqlite_path(url)
     # Opening creates a missing SQLite file: doctor, run as root, would leave the daemon a
     # root-owned file it cannot write, and hide that its URL points nowhere.
     if sqlite is not None and not os.path.exists(sqlite):

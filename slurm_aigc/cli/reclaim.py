@@ -6,12 +6,14 @@ import json
 import logging
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
 import click
 
 from slurm_aigc.db import DB_LONG_TIMEOUT_S, open_database
+from slurm_aigc.lease import LEARNER, PUBLISHER, Leases, only_while_held
 from slurm_aigc.policy.paths import find_policy
 from slurm_aigc.reclaim.actuator import ActionResult
 from slurm_aigc.reclaim.config import ReclaimConfig, load_reclaim_config
@@ -51,22 +53,34 @@ dry_run_option = click.option("--dry-run/--no-dry-run", "dry_run", default=None,
 
 
 def _controller(config_file: str | None, db_url: str | None, dry_run: bool | None, publisher: bool,
-                jobs: Sequence[str] = (), learner: bool = False, create: bool = True) -> tuple[Controller, PublisherHooks | None]:
-    """`create=False`: `idle`, which only reads, opens no database that is not there (a typo in --db)."""
-    config = load_reclaim_config(config_file)
+                jobs: Sequence[str] = (), learner: bool = False, create: bool = True,
+                lease_tick_s: float | None = None,
+                config: ReclaimConfig | None = None) -> tuple[Controller, PublisherHooks | None, Leases | None]:
+    """`create=False`: `idle`, which only reads, opens no database that is not there (a typo in --db).
+
+    `lease_tick_s`: the controller takes the leases of its parts (slurm_aigc/lease.py), ticking
+    this often; None: it takes none (it changes nothing in Slurm, or only reads). `config`: the
+    file's `reclaim:` when the caller has read it already.
+    """
+    config = config or load_reclaim_config(config_file)
     factory = open_database(db_url, create=create)
     slurm = SlurmCli()
     dry = config.dry_run if dry_run is None else dry_run
+    leases = None if lease_tick_s is None else Leases(factory, config.lease_s(lease_tick_s), dry_run=dry)
     hooks = load_publisher(slurm, db_url, config_file, dry) if publisher else None
+    if hooks is not None:
+        hooks = replace(hooks, tick=only_while_held(leases, PUBLISHER, hooks.tick))
     # Not tied to the publisher: the learner needs sacct and the database only, not the right to
     # update nodes, and the shipped unit runs --no-publisher.
-    hooks = _with_learner(hooks, slurm, db_url, config_file, dry) if learner else hooks
+    hooks = _with_learner(hooks, slurm, db_url, config_file, dry, leases) if learner else hooks
     controller = Controller(slurm, ReclaimStore(factory), config, dry_run=dry, publisher_tick=hooks.tick if hooks else None,
-                            only_jobs=frozenset(jobs) if jobs else None, nodes_seen=hooks.nodes_seen if hooks else None)
-    return controller, hooks
+                            only_jobs=frozenset(jobs) if jobs else None, nodes_seen=hooks.nodes_seen if hooks else None,
+                            leases=leases)
+    return controller, hooks, leases
 
 
-def _reload(ctl: Controller, hooks: PublisherHooks | None, config_file: str | None, dry_run: bool | None) -> None:
+def _reload(ctl: Controller, hooks: PublisherHooks | None, config_file: str | None, dry_run: bool | None,
+            leases: Leases | None = None) -> None:
     """SIGHUP: the policy again, and with it `reclaim.dry_run`, unless the command line set the mode."""
     config = load_reclaim_config(config_file)
     dry = config.dry_run if dry_run is None else dry_run
@@ -75,6 +89,8 @@ def _reload(ctl: Controller, hooks: PublisherHooks | None, config_file: str | No
     ctl.set_config(config, dry_run=dry)
     if hooks is not None:
         hooks.reload(dry)
+    if leases is not None:
+        leases.set_dry_run(dry)
 
 
 def _mode(dry_run: bool) -> str:
@@ -82,7 +98,7 @@ def _mode(dry_run: bool) -> str:
 
 
 def _with_learner(hooks: PublisherHooks | None, slurm: SlurmCli, db_url: str | None, config_file: str | None,
-                  dry_run: bool) -> PublisherHooks | None:
+                  dry_run: bool, leases: Leases | None = None) -> PublisherHooks | None:
     """The publisher's hooks (None: no publisher) with the learner of `learned:` after them
     (docs/policy.md), when enabled.
 
@@ -105,7 +121,8 @@ def _with_learner(hooks: PublisherHooks | None, slurm: SlurmCli, db_url: str | N
         fresh = load_policy(config_file, hook_sections=False)
         learner.set_config(fresh.learned, tuple(fresh.classes) or learner.classes, dry_run=dry)
 
-    return PublisherHooks(with_learner(hooks.tick if hooks else None, learner), reload,
+    return PublisherHooks(with_learner(hooks.tick if hooks else None, only_while_held(leases, LEARNER, learner.tick_when_due)),
+                          reload,
                           hooks.nodes_seen if hooks else (lambda: None))
 
 
@@ -136,7 +153,13 @@ def controller(config_file: str | None, db_url: str | None, interval_s: float | 
     from slurm_aigc.daemonloop import DaemonLoop
 
     # The learner, like the retention, belongs to the daemon, not to a one-off or one-job run.
-    ctl, hooks = _controller(config_file, db_url, dry_run, publisher, jobs, learner=not (once or jobs))
+    # The daemon takes the leases in either mode; a one-off run only when it may change Slurm.
+    one_off = once or bool(jobs)
+    config = load_reclaim_config(config_file)
+    tick_s = interval_s or config.poll_interval_s
+    dry = config.dry_run if dry_run is None else dry_run
+    ctl, hooks, leases = _controller(config_file, db_url, dry_run, publisher, jobs, learner=not one_off,
+                                     lease_tick_s=None if one_off and dry else tick_s, config=config)
     click.echo(f"slurm-aigc controller: {_mode(ctl.dry_run)}", err=True)
     if publisher and interval_s is not None:
         from slurm_aigc.policy.loader import load_policy
@@ -148,20 +171,30 @@ def controller(config_file: str | None, db_url: str | None, interval_s: float | 
             LOG.warning("%s", warning)
     retention = None if once or jobs else _retention(config_file, db_url)
 
+    standing_by: list[str] = []
+
     def tick() -> None:
         report = ctl.tick()
-        if retention is not None:
+        if report.standby:  # retention goes with reclaim's lease
+            standing_by.append(report.standby)
+        elif retention is not None:
             retention()
         for result in report.reconciled + report.results:
             (click.echo if once else LOG.warning)(result.line())
-        if once:
+        if once and report.standby:
+            click.echo(f"not run: {report.standby} (another controller; stop it, or add --dry-run)", err=True)
+        elif once:
             counts = ", ".join(f"{k}={v}" for k, v in sorted(summary(report.assessment.views).items())) or "no GPU jobs"
             click.echo(f"{len(report.assessment.views)} running GPU job(s): {counts}; {len(report.results)} action(s)")
 
-    loop = DaemonLoop(tick, interval_s or ctl.config.poll_interval_s, lambda: _reload(ctl, hooks, config_file, dry_run),
-                      name="slurm-aigc controller")
+    loop = DaemonLoop(tick, tick_s, lambda: _reload(ctl, hooks, config_file, dry_run, leases), name="slurm-aigc controller")
     ctl.stop_when(lambda: loop.stop_requested)
-    raise SystemExit(loop.run(once=once))
+    try:
+        status = loop.run(once=once)
+    finally:
+        if leases is not None:
+            leases.release()
+    raise SystemExit(1 if once and standing_by else status)
 
 
 @click.group("idle")

@@ -208,6 +208,10 @@ class NotifyConfig:
     command: tuple[str, ...] = ()
 
 
+# A controller renews its leases every tick: a lease must outlast this many ticks (reclaim.
+# lease_intervals), so that one slow tick or one failed renewal does not hand its work to a standby.
+LEASE_TICKS = 3
+
 # agent.interval_s, defined before ReclaimConfig: reclaim.poll_interval_s and the reports'
 # sample slices (report.records) assume the same interval.
 DEFAULT_AGENT_INTERVAL_S = 10.0
@@ -241,6 +245,9 @@ class ReclaimConfig:
     # two jobs' memory there reaches this share of the GPU's (reclaim/gpuconflict.py says why not
     # at once); 0: on every conflict.
     gpu_conflict_memory_pct: float = 90.0
+    # Controllers against one database take turns (slurm_aigc/lease.py): a part's lease not
+    # renewed for this many ticks is free to a standby (at least LEASE_TICKS).
+    lease_intervals: float = 6.0
     # From the policy's `inventory` (not reclaim keys): shards into GPU-hours recovered, and
     # GiB per shard per GPU type (the memory a shard job may use: the memory guard's limit).
     shards_per_gpu: Mapping[str, int] = field(default_factory=dict)
@@ -255,6 +262,11 @@ class ReclaimConfig:
     def stale_s(self) -> float:
         """Samples older than this are stale: the controller waits instead of acting."""
         return self.stale_intervals * self.poll_interval_s
+
+    def lease_s(self, tick_s: float | None = None) -> float:
+        """How long a lease lasts unrenewed, for a controller ticking every `tick_s` (None:
+        poll_interval_s, the shipped unit's)."""
+        return self.lease_intervals * (self.poll_interval_s if tick_s is None else tick_s)
 
     def policy_for(self, job_class: str) -> ClassPolicy:
         return self.classes.get(job_class, self.defaults)

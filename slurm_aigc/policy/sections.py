@@ -17,6 +17,7 @@ from dataclasses import fields, replace
 from slurm_aigc.errors import ConfigError
 from slurm_aigc.policy.model import (
     AGENT_BACKENDS,
+    LEASE_TICKS,
     VERDICTS,
     AgentConfig,
     ClassPolicy,
@@ -104,6 +105,7 @@ def reclaim_section(node: Node) -> ReclaimConfig:
         over_memory_allowance_mib=number(node, "over_memory_allowance_mib", base.over_memory_allowance_mib, minimum=0,
                                          cap=MAX_GPU_MEMORY_MIB),
         gpu_conflict_memory_pct=percent(node, "gpu_conflict_memory_pct", base.gpu_conflict_memory_pct),
+        lease_intervals=number(node, "lease_intervals", base.lease_intervals, minimum=LEASE_TICKS, cap=_MAX_INTERVALS),
     )
     _check_cancel(node, config)
     _check_signal(node, config)

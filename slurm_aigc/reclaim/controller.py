@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from slurm_aigc.errors import AigcError
+from slurm_aigc.lease import RECLAIM, Leases
 from slurm_aigc.reclaim.actuator import ActionResult, Actuator
 from slurm_aigc.reclaim.config import ReclaimConfig
 from slurm_aigc.reclaim.detect import (
@@ -103,6 +104,8 @@ class TickReport:
     reconciled: tuple[ActionResult, ...]
     results: tuple[ActionResult, ...]
     capped: tuple[Wait, ...]
+    # Why reclaim did not run this tick: another process holds its lease ('' when it ran).
+    standby: str = ""
 
 
 def windows_from_rows(metas: Mapping[str, JobMeta], rows: Sequence[SampleRow]) -> list[JobWindow]:
@@ -282,6 +285,7 @@ class Controller:
         publisher_tick: PublisherTick | None = None,
         only_jobs: frozenset[str] | None = None,
         nodes_seen: Callable[[], Sequence[NodeInfo] | None] | None = None,
+        leases: Leases | None = None,
     ) -> None:
         self._slurm = slurm
         self._store = store
@@ -309,6 +313,10 @@ class Controller:
         self._seen_used: Sequence[NodeInfo] | None = None
         self._conflicts_seen: set[Conflict] = set()
         self._dropped_seen: set[tuple[str, str]] = set()
+        # Reclaim runs only while this process holds its lease (None: no other controller can
+        # exist, e.g. tests, a dry-run `--once`), and a batch stops acting once the lease ran out.
+        self._leases = leases
+        self._actuator.stop_when(self._lease_lost)
 
     def set_config(self, config: ReclaimConfig, dry_run: bool | None = None) -> None:
         """Use a new, already validated config from the next tick on (SIGHUP).
@@ -325,8 +333,18 @@ class Controller:
         self._gpu_types = None  # an admin reloading after a slurm.conf change expects a re-read
 
     def stop_when(self, stopping: Callable[[], bool]) -> None:
-        """Take no further action within a tick once `stopping()` (`Actuator.stop_when`)."""
-        self._actuator.stop_when(stopping)
+        """Take no further action within a tick once `stopping()` (`Actuator.stop_when`), or once
+        the reclaim lease ran out."""
+        self._actuator.stop_when(lambda: stopping() or self._lease_lost())
+
+    def _lease_lost(self) -> bool:
+        return self._leases is not None and not self._leases.still_held(RECLAIM)
+
+    def _standby(self) -> str:
+        """'' when this process may run reclaim this tick; else who holds the lease."""
+        if self._leases is None or self._leases.hold(RECLAIM):
+            return ""
+        return self._leases.why_not(RECLAIM)
 
     def reconcile(self) -> tuple[ActionResult, ...]:
         """Settle open intents (a killed controller's, a shrink waiting for PENDING); dry-run: report only."""
@@ -584,6 +602,9 @@ class Controller:
         self._seen_ids = {i for i in self._seen_ids if i > low} | {r.id for r in rows if r.id > low}
 
     def _reclaim_tick(self) -> TickReport:
+        standby = self._standby()
+        if standby:  # another controller runs reclaim: no listing, no reconcile, no action here
+            return TickReport(Assessment(self._clock(), None, False, ()), (), (), (), standby)
         # Live: every tick, so a shrink's hold ends released as soon as its job is PENDING.
         reconciled = () if self._reconciled and self.dry_run else self.reconcile()
         assessment = self._incremental()

@@ -218,11 +218,12 @@ class LearnedPublisher:
         self._written = data
 
 
-def with_learner(tick: Callable[[Any, Any], object] | None, learner: LearnedPublisher) -> Callable[[Any, Any], object]:
-    """The controller's publisher tick (if any), then the learner's: both run, the first error is raised after."""
+def with_learner(tick: Callable[[Any, Any], object] | None, learn: Callable[[], object]) -> Callable[[Any, Any], object]:
+    """The controller's publisher tick (if any), then the learner's (`LearnedPublisher.tick_when_due`):
+    both run, the first error is raised after."""
     def both(jobs: Any, nodes: Any) -> object:
         errors: list[Exception] = []
-        parts: list[Callable[[], object]] = [learner.tick_when_due]
+        parts: list[Callable[[], object]] = [learn]
         if tick is not None:
             parts.insert(0, lambda: tick(jobs, nodes))
         for part in parts:

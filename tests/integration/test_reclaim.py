@@ -418,3 +418,58 @@ def test_signal_reaches_only_a_job_that_declared_it_handles_it(cluster: ClusterH
     finally:
         cancel(cluster, untrapped, declared)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def test_two_controller_daemons_on_the_server_database_act_once_and_the_standby_takes_over(
+        cluster: ClusterHandle, cluster_db: str) -> None:
+    """A standby on a second host: two `slurm-aigc controller` daemons against the cluster's MariaDB
+    (the multi-host path). One takes the reclaim lease and acts; the other asks Slurm nothing and
+    acts on nothing until the first stops, then takes over (docs/deploy.md, leases)."""
+    work = Path(tempfile.mkdtemp(prefix="slurm-aigc-lease-test-"))
+    policy = work / "policy.yaml"
+    policy.write_text(POLICY)
+    env = Reclaim(cluster, cluster_db, policy, {}, work)
+    job_id = load_job(cluster, "idle", "--gres=gpu:1", "--requeue")
+    daemons: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(name: str) -> Path:
+        log = work / f"controller-{name}.log"
+        daemons[name] = subprocess.Popen(
+            [SLURM_AIGC_BIN, "controller", "--config", str(policy), "--db", cluster_db, "--interval", "1",
+             "--no-dry-run", "--no-publisher", "--job", job_id], stdout=log.open("wb"), stderr=subprocess.STDOUT)
+        return log
+
+    def acted(log: Path, action: str) -> bool:
+        return f"done: {action} job {job_id}" in log.read_text()
+
+    try:
+        running(env, job_id)
+        first = start("first")
+        wait_for(lambda: "took the reclaim lease" in first.read_text(), 60, "the first controller to take the lease")
+        second = start("second")
+        wait_for(lambda: "standing by: the reclaim lease is held by" in second.read_text(), 60,
+                 "the second controller to stand by")
+        wait_for(lambda: bool(finished(env.actions(job_id), "requeue")), 90, f"job {job_id} to be requeued")
+        assert [(r.action, r.state) for r in env.actions(job_id)] == [("notify", "done"), ("requeue", "done")]
+        assert acted(first, "notify") and acted(first, "requeue")
+        assert not acted(second, "notify") and not acted(second, "requeue")
+        daemons["first"].terminate()  # a clean stop gives the lease back
+        assert daemons["first"].wait(timeout=60) == 0
+        wait_for(lambda: "took the reclaim lease" in second.read_text(), 30, "the standby to take over")
+        # The requeued job's next run is idle too: the standby now walks its ladder.
+        wait_job_state(cluster, job_id, "RUNNING", timeout_s=90)
+        wait_for(lambda: acted(second, "notify"), 90, "the standby to notify the job's next run")
+        assert [r.observation_key.split("/")[1] for r in env.actions(job_id)].count("r1") >= 1
+    finally:
+        for process in daemons.values():
+            process.terminate()
+        for process in daemons.values():
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        for process in env.agents.values():
+            process.terminate()
+            process.wait(timeout=15)
+        cancel(cluster, job_id)
+        shutil.rmtree(work, ignore_errors=True)

@@ -29,6 +29,7 @@ from slurm_aigc.db import (
     transaction,
 )
 from slurm_aigc.errors import DatabaseError
+from slurm_aigc.lease import RECLAIM, Leases
 from slurm_aigc.reclaim.store import ReclaimStore
 from slurm_aigc.telemetry.store import TelemetryStore
 from tests.unit.db_plans import plan, sent
@@ -214,6 +215,22 @@ def test_a_version_3_database_gets_64_bit_ids_keeping_its_rows_and_ids(db_url: s
     assert db.ACTIONS_STATE_INDEX in _index_names(db_url, "actions")
     if not db_url.startswith("sqlite"):
         assert _id_types(db_url) == dict.fromkeys(db.GROWING_TABLES, "BIGINT")
+
+
+def test_a_version_4_database_gets_the_leases_table_keeping_its_rows(db_url: str) -> None:
+    _create_version(db_url, 4)
+    engine = create_engine(db_url)
+    with engine.begin() as connection:
+        connection.execute(text(
+            "INSERT INTO actions (observation_key, ts_intent, job_id, verdict, action, step, dry_run, state, detail) "
+            "VALUES ('41/r0/idle/0:notify', 2000.0, '41', 'idle', 'notify', 0, FALSE, 'intent', '{}')"))
+        assert not inspect(connection).has_table("leases")
+    engine.dispose()
+    factory = open_database(db_url)
+    with transaction(factory) as session:
+        assert session.scalar(select(SchemaVersion.version)) == SCHEMA_VERSION == 5
+        assert session.scalar(select(db.ActionRecord.observation_key)) == "41/r0/idle/0:notify"
+    assert Leases(factory, 60.0, name="after-upgrade").hold(RECLAIM)
 
 
 def _id_types(url: str) -> dict[str, str]:

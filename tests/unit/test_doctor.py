@@ -190,6 +190,20 @@ def test_a_missing_sqlite_file_fails_and_doctor_does_not_create_it(tmp_path: Pat
     assert not state.parent.exists()
 
 
+def test_a_sqlite_file_uri_is_checked_by_opening_it_as_the_daemons_do(tmp_path: Path) -> None:
+    # doctor read `file:/...` as a path, found no such file and failed the database; opening it
+    # failed too, on the schema lock next to that path (db.sqlite_path: the one reading of both).
+    state = tmp_path / "state.db"
+    url = f"sqlite:///file:{state}?uri=true"
+    open_database(url)
+    checked = env(environ={"SLURM_AIGC_DB_URL": url}, open_db=open_database, privileges=probe_privileges,
+                  server_time=server_time)
+    found = {f.check: f for f in doc.run_checks(checked, "controller", None, None)}
+    assert found["database"].ok, found["database"].detail
+    assert db.sqlite_path(url) == db.sqlite_path(f"sqlite:///{state}") == str(state)
+    assert db.sqlite_path("sqlite://") is None and db.sqlite_path("mysql+pymysql://u@h/d") is None
+
+
 def test_an_agent_on_sqlite_is_a_warning_not_a_role_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # SQLite has no roles: every probe passes, which doctor read as "write actions should be
     # refused". The project runs an agent on SQLite on the controller's own host: a warning.

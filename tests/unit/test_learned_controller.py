@@ -86,7 +86,7 @@ def test_the_shipped_controller_unit_runs_the_learner(policy: Path, tmp_path: Pa
     argv = [*unit_arguments(), "--config", str(policy), "--db", f"sqlite:///{tmp_path / 'state.db'}"]
     result = CliRunner().invoke(reclaim.controller, argv)
     assert result.exit_code == 0, result.output
-    [(_ctl, hooks)] = built
+    [(_ctl, hooks, _leases)] = built
     assert hooks is not None, "no learner under the shipped unit"
     for _ in range(6):  # the loop's ticks: one sacct window each until the day is read
         hooks.tick(None, None)

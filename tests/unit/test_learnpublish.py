@@ -159,7 +159,7 @@ def test_the_learner_runs_even_when_the_publisher_fails(tmp_path: Path, db: sess
 
     run = learner(tmp_path, FakeSacct(), db, [NOW])
     with pytest.raises(RuntimeError, match="publisher down"):
-        with_learner(failing, run)(None, None)
+        with_learner(failing, run.tick_when_due)(None, None)
     assert (tmp_path / "out" / "learned.txt").exists()
 
 

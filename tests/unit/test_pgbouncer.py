@@ -39,10 +39,12 @@ from sqlalchemy.engine import make_url
 from slurm_aigc import db
 from slurm_aigc.db import JobGpuSample, open_database, transaction
 from slurm_aigc.errors import DatabaseError
+from slurm_aigc.lease import RECLAIM, Leases
 from slurm_aigc.telemetry.attribution import JobGpuUsage
 from slurm_aigc.telemetry.records import GpuProcess, GpuReading, NodeReading
 from slurm_aigc.telemetry.store import TelemetryStore
 from tests.conftest import DatabaseServer
+from tests.unit.test_lease import race
 from tests.unit.test_stores import PostgresRoles
 
 DEPLOY_DOC = Path(__file__).resolve().parents[2] / "docs" / "deploy.md"
@@ -163,3 +165,13 @@ def test_floats_come_back_exact_through_pgbouncer_whatever_the_roles_extra_float
     for _ in range(8):  # more transactions than PgBouncer's server connections
         with transaction(factory) as session:
             assert session.scalar(text("SELECT 1764460900.123456::float8")) == 1764460900.123456
+
+
+def test_controllers_through_pgbouncer_in_transaction_mode_take_turns_by_lease(
+        pgbouncer: str, deployed: PostgresRoles) -> None:
+    # A lease is a row, not a session lock: PgBouncer lends each transaction another server connection.
+    url = through(pgbouncer, deployed.controller)
+    assert sum(race(url)) == 1
+    holder = Leases(open_database(url), 60.0, name="standby")
+    for _ in range(8):  # more transactions than PgBouncer's server connections
+        assert not holder.hold(RECLAIM)

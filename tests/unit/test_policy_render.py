@@ -133,7 +133,7 @@ def test_the_controller_starts_with_interval_on_a_policy_written_for_daemons_onl
         def run(self, once: bool = False) -> int:
             return 0
     monkeypatch.setattr(reclaim, "_controller", lambda *args, **kwargs: (
-        SimpleNamespace(dry_run=True, stop_when=lambda stopping: None), None))
+        SimpleNamespace(dry_run=True, stop_when=lambda stopping: None), None, None))
     monkeypatch.setattr(reclaim, "_retention", lambda *args, **kwargs: None)
     monkeypatch.setattr(daemonloop, "DaemonLoop", Loop)
     result = CliRunner().invoke(reclaim.controller, ["--config", str(path), "--interval", "60"])

@@ -196,7 +196,7 @@ def test_a_reload_switches_dry_run_as_the_policy_now_says_unless_the_command_lin
     policy = tmp_path / "policy.yaml"
     body = "reclaim:\n  dry_run: {}\n  poll_interval_s: 10\n  defaults: {{grace_s: 10, window_s: 60, min_samples: 3}}\n"
     policy.write_text(body.format("true"))
-    ctl, hooks = cli._controller(str(policy), db_url, None, True)
+    ctl, hooks, _leases = cli._controller(str(policy), db_url, None, True)
     assert [(r.action, r.state) for r in ctl.tick().results] == [("notify", "skipped")]
     assert hooks is not None and ctl.dry_run and ctl.tick().results == ()
     policy.write_text(body.format("false"))  # the admin goes live, then `systemctl reload`
@@ -457,7 +457,7 @@ def test_the_inventory_is_taken_from_the_publishers_newest_node_listing(db_url: 
 
 
 def test_the_daemon_wires_the_publishers_node_listing_into_reclaim(db_url: str) -> None:
-    controller, hooks = cli._controller(None, db_url, True, True)
+    controller, hooks, _leases = cli._controller(None, db_url, True, True)
     assert hooks is not None and controller._nodes_seen is hooks.nodes_seen and hooks.nodes_seen() is None
 
 

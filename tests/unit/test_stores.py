@@ -216,6 +216,7 @@ def test_agent_role_may_add_samples(agent_and_controller: tuple[str, str, str]) 
     "INSERT INTO node_publications (ts, node, reason, dry_run) VALUES (1, 'n', 'x', FALSE)",
     "UPDATE gpu_samples SET sm_util_pct = 0",
     "UPDATE schema_version SET version = 99",
+    "INSERT INTO leases (part, holder, acquired_at, expires_at) VALUES ('reclaim', 'a node', 0, 1e12)",
     "DELETE FROM job_gpu_samples",
     "TRUNCATE TABLE process_samples",
     "SELECT count(*) FROM actions",

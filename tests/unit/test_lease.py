@@ -1,0 +1,221 @@
+"""Leases: one controller process runs each part, on every database (slurm_aigc/lease.py)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from sqlalchemy import select
+
+from slurm_aigc.cli import reclaim as cli
+from slurm_aigc.db import Lease, open_database, transaction
+from slurm_aigc.lease import LEARNER, PUBLISHER, RECLAIM, Leases, only_while_held
+from slurm_aigc.policy.loader import load_policy
+from slurm_aigc.reclaim.config import ReclaimConfig
+from slurm_aigc.reclaim.controller import Controller
+from slurm_aigc.reclaim.store import ReclaimStore
+from slurm_aigc.slurm import CommandResult, Runner, SlurmCli
+from slurm_aigc.telemetry.learnpublish import with_learner
+from tests.fakes.slurm import FakeJob, FakeSlurm
+from tests.unit.test_reclaim_controller import CONFIG, START, Clock, add_samples
+
+LEASE_S = 60.0
+
+
+def pair(url: str, now: Clock | None = None) -> tuple[Leases, Leases]:
+    factory = open_database(url)
+    return (Leases(factory, LEASE_S, name="ctl-a", clock=now), Leases(factory, LEASE_S, name="ctl-b", clock=now))
+
+
+def test_one_process_holds_a_part_the_other_stands_by_until_it_is_released(db_url: str) -> None:
+    """On the database's own clock (SQLite, MariaDB, PostgreSQL)."""
+    a, b = pair(db_url)
+    assert a.hold(RECLAIM) and a.hold(RECLAIM)  # taken, then renewed
+    assert not b.hold(RECLAIM)
+    assert "held by ctl-a" in b.why_not(RECLAIM)
+    holder = a.holder(RECLAIM)
+    assert holder is not None and holder.name == "ctl-a" and 0 < holder.expires_in_s <= LEASE_S
+    a.release()
+    assert b.hold(RECLAIM) and not a.hold(RECLAIM)
+
+
+def race(url: str, processes: int = 8) -> list[bool]:
+    """`processes` controllers, each with its own engine, take the free reclaim part at once."""
+    contenders = [Leases(open_database(url), LEASE_S, name=f"ctl-{n}") for n in range(processes)]
+    start = threading.Barrier(processes)
+    results: dict[int, bool] = {}
+
+    def take(n: int) -> None:
+        start.wait()
+        results[n] = contenders[n].hold(RECLAIM)
+
+    threads = [threading.Thread(target=take, args=(n,)) for n in range(processes)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return [results[n] for n in range(processes)]
+
+
+def test_of_many_controllers_taking_a_free_part_at_once_exactly_one_gets_it(db_url: str) -> None:
+    open_database(db_url)  # the schema first, as the unit's first start makes it
+    assert sum(race(db_url)) == 1
+
+
+def test_a_lease_not_renewed_for_its_length_passes_to_the_next_taker(tmp_path: Path,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    now = Clock(1000.0)
+    a, b = pair(f"sqlite:///{tmp_path / 'state.db'}", now)
+    assert a.hold(RECLAIM)
+    now.now += LEASE_S - 1
+    assert not b.hold(RECLAIM)  # a has not renewed, but its lease still runs
+    now.now += 2
+    caplog.set_level(logging.WARNING)
+    assert b.hold(RECLAIM)  # a died, or lost the database
+    assert not a.hold(RECLAIM)
+    assert "ctl-a: lost the reclaim lease to ctl-b" in caplog.text
+
+
+def test_parts_are_leased_apart(tmp_path: Path) -> None:
+    """A site may run reclaim (an Operator) and the publisher (an Administrator) in two processes."""
+    a, b = pair(f"sqlite:///{tmp_path / 'state.db'}", Clock(1000.0))
+    assert a.hold(RECLAIM) and b.hold(PUBLISHER)
+    assert not b.hold(RECLAIM) and not a.hold(PUBLISHER)
+    assert a.hold(LEARNER) and not b.hold(LEARNER)
+
+
+def test_a_dry_run_controller_never_keeps_a_live_one_standing_by(tmp_path: Path) -> None:
+    """An admin tries a policy with a dry-run daemon beside the live one: both run; two dry-run
+    daemons take turns; a reload that goes live gives the dry-run lease back."""
+    factory = open_database(f"sqlite:///{tmp_path / 'state.db'}")
+    now = Clock(1000.0)
+    trial = Leases(factory, LEASE_S, name="trial", dry_run=True, clock=now)
+    live = Leases(factory, LEASE_S, name="live", clock=now)
+    other_trial = Leases(factory, LEASE_S, name="other-trial", dry_run=True, clock=now)
+    assert trial.hold(RECLAIM) and live.hold(RECLAIM)
+    assert not other_trial.hold(RECLAIM) and "dry-run reclaim lease is held by trial" in other_trial.why_not(RECLAIM)
+    trial.set_dry_run(False)  # SIGHUP after reclaim.dry_run: false
+    assert other_trial.hold(RECLAIM)
+    assert not trial.hold(RECLAIM) and "the reclaim lease is held by live" in trial.why_not(RECLAIM)
+
+
+def test_still_held_renews_after_half_the_lease_and_gives_up_before_its_end(tmp_path: Path) -> None:
+    now, mono = Clock(1000.0), Clock(0.0)
+    factory = open_database(f"sqlite:///{tmp_path / 'state.db'}")
+    a = Leases(factory, LEASE_S, name="ctl-a", clock=now, monotonic=mono)
+    b = Leases(factory, LEASE_S, name="ctl-b", clock=now)
+    assert not a.still_held(RECLAIM)  # never held
+    assert a.hold(RECLAIM)
+
+    def expiry() -> float:
+        with transaction(factory) as session:
+            return float(session.scalar(select(Lease.expires_at).where(Lease.part == RECLAIM)))
+
+    now.now, mono.now = 1020.0, 20.0
+    assert a.still_held(RECLAIM) and expiry() == 1060.0  # under half: no round trip
+    now.now, mono.now = 1040.0, 40.0
+    assert a.still_held(RECLAIM) and expiry() == 1100.0  # renewed
+    # A tick stuck 50 s (a slow action): 90 s since the renewal was asked is past the local deadline
+    # (80 % of the lease), though the database would still renew it; acting stops before b may take over.
+    now.now, mono.now = 1090.0, 90.0
+    assert not a.still_held(RECLAIM)
+    now.now = 1101.0
+    assert b.hold(RECLAIM)
+
+
+def test_the_part_a_process_does_not_hold_is_not_run(tmp_path: Path) -> None:
+    a, b = pair(f"sqlite:///{tmp_path / 'state.db'}", Clock(1000.0))
+    ran: list[str] = []
+    assert a.hold(PUBLISHER) and a.hold(LEARNER)
+    publish = only_while_held(b, PUBLISHER, lambda _jobs, _nodes: ran.append("publisher"))
+    with_learner(publish, only_while_held(b, LEARNER, lambda: ran.append("learner")))(None, None)
+    assert ran == []
+    a.release()
+    with_learner(publish, only_while_held(b, LEARNER, lambda: ran.append("learner")))(None, None)
+    assert ran == ["publisher", "learner"]
+    assert only_while_held(None, RECLAIM, lambda: "ran")() == "ran"
+
+
+def controller(url: str, runner: Runner, leases: Leases) -> tuple[Controller, Clock]:
+    clock = Clock(START + 200.0)
+    store = ReclaimStore(open_database(url))
+    return Controller(SlurmCli(runner=runner), store, CONFIG, clock=clock, leases=leases), clock
+
+
+def test_two_controllers_on_one_database_act_once_and_the_standby_takes_over(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    fake = FakeSlurm(jobs={"7": FakeJob("7", gpus=1)})
+    add_samples(url, "7", 1, START + 200.0)
+    a, b = pair(url)
+    first, _ = controller(url, fake, a)
+    second, clock = controller(url, fake, b)
+    assert [(r.action, r.state) for r in first.tick().results] == [("notify", "done")]
+    listings = len(fake.calls)
+    standby = second.tick()
+    assert standby.standby.startswith("the reclaim lease is held by ctl-a") and standby.results == ()
+    assert len(fake.calls) == listings  # a standby asks slurmctld nothing
+    a.release()  # the first stops (SIGTERM)
+    clock.now += CONFIG.cooldown_s
+    add_samples(url, "7", 1, START + 200.0 + CONFIG.cooldown_s)
+    assert [(r.action, r.state) for r in second.tick().results] == [("requeue", "done")]
+    assert fake.jobs["7"].restarts == 1
+
+
+def test_a_batch_stops_acting_once_the_lease_ran_out(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    fake = FakeSlurm(jobs={str(i): FakeJob(str(i), gpus=1) for i in (7, 8, 9)})
+    for job in fake.jobs:
+        add_samples(url, job, 1, START + 200.0)
+    mono = Clock(0.0)
+    leases = Leases(open_database(url), LEASE_S, name="ctl-a", clock=Clock(1000.0), monotonic=mono)
+
+    def slow(argv: Sequence[str], timeout_s: float, stdin: str | None = None) -> CommandResult:
+        if "update" in argv:  # a notify that takes 50 s (a slow notify command, slurmctld busy)
+            mono.now += 50.0
+        return fake(argv, timeout_s, stdin)
+
+    ctl, _ = controller(url, slow, leases)
+    results = ctl.tick().results
+    # 0 s: acts; 50 s: past 80 % of the lease since it was asked, renewing may be too late: stops.
+    assert [r.state for r in results] == ["done"]
+    assert "the reclaim lease ran out during the tick" in caplog.text
+
+
+def test_a_live_one_off_run_refuses_while_another_controller_holds_reclaim(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    fake = FakeSlurm(jobs={"7": FakeJob("7")})
+    now = datetime.now().timestamp()
+    add_samples(url, "7", 1, now, start=now - 200.0)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("reclaim:\n  poll_interval_s: 10\n  defaults: {grace_s: 10, window_s: 60, min_samples: 3}\n")
+    monkeypatch.setattr(cli, "SlurmCli", lambda: SlurmCli(runner=fake))
+    daemon = Leases(open_database(url), LEASE_S, name="daemon-on-host-1")
+    assert daemon.hold(RECLAIM)
+    runner = CliRunner()
+    argv = ["--config", str(policy), "--db", url, "--once", "--no-publisher"]
+    refused = runner.invoke(cli.controller, [*argv, "--no-dry-run"])
+    assert refused.exit_code == 1
+    assert "not run: the reclaim lease is held by daemon-on-host-1" in refused.output
+    assert fake.mutations() == []
+    dry = runner.invoke(cli.controller, argv + ["--dry-run"])  # changes nothing: takes no lease
+    assert dry.exit_code == 0 and "dry-run: would notify job 7" in dry.output
+    daemon.release()
+    live = runner.invoke(cli.controller, [*argv, "--no-dry-run"])
+    assert live.exit_code == 0, live.output
+    assert [m[1] for m in fake.mutations()][:1] == ["update"]
+    taken = Leases(open_database(url), LEASE_S, name="next")
+    assert taken.hold(RECLAIM)  # the one-off run gave the lease back when it ended
+
+
+def test_the_lease_lasts_at_least_three_ticks(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("reclaim:\n  lease_intervals: 2\n")
+    with pytest.raises(Exception, match="reclaim.lease_intervals"):
+        load_policy(policy, hook_sections=False)
+    assert ReclaimConfig().lease_s() == 60.0 and ReclaimConfig().lease_s(2.0) == 12.0
