@@ -192,8 +192,8 @@ class Leases:
 
     @staticmethod
     def _holder(connection: Connection, part: str, now: ColumnElement[float]) -> Holder | None:
-        row = connection.execute(select(Lease.holder, Lease.expires_at - now).where(Lease.part == part)).one_or_none()
-        return None if row is None else Holder(part, row[0], float(row[1]))
+        found = _holders(connection, now, part)
+        return found[0] if found else None
 
     # ------------------------------------------------------------ logging
 
@@ -232,3 +232,17 @@ def only_while_held(leases: Leases | None, part: str, run: Callable[P, object]) 
         return run(*args, **kwargs) if leases.hold(part) else None
 
     return gated
+
+
+def holders(factory: sessionmaker[Session]) -> list[Holder]:
+    """Every lease's holder by the database's clock (`slurm-aigc doctor --role controller`)."""
+    with transaction(factory) as session:
+        connection = session.connection()
+        return _holders(connection, literal_column(server_now_sql(connection.dialect.name)))
+
+
+def _holders(connection: Connection, now: ColumnElement[float], part: str | None = None) -> list[Holder]:
+    query = select(Lease.part, Lease.holder, Lease.expires_at - now).order_by(Lease.part)
+    if part is not None:
+        query = query.where(Lease.part == part)
+    return [Holder(key, name, float(left)) for key, name, left in connection.execute(query)]

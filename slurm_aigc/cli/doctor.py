@@ -104,6 +104,8 @@ class DoctorEnv:
     environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
     environment_files: Callable[[str], Sequence[str]] = unit_environment_files
     default_url: Callable[[], str] = db.default_url
+    # The controllers' leases, each described (`lease.holders`): which process acts, which stand by.
+    lease_holders: Callable[[object], Sequence[str]] = lambda factory: ()
 
 
 def database_url(env: DoctorEnv, role: str, option: str | None) -> tuple[str, str]:
@@ -159,8 +161,13 @@ def check_database(env: DoctorEnv, role: str, db_url: str | None) -> list[Findin
         return [Finding("database", False, f"{error} (URL from {source})", fix)]
     # SQLite has no roles: the project runs an agent on it only on the controller's host (a warning).
     role_check = _sqlite_agent(sqlite) if sqlite is not None and role == "agent" else _role(env, role, factory)
-    return [Finding("database", True, f"reachable, schema current ({db.mask_url(url)} from {source})"),
-            role_check, _skew(env, factory)]
+    found = [Finding("database", True, f"reachable, schema current ({db.mask_url(url)} from {source})"),
+             role_check, _skew(env, factory)]
+    if role == "controller":
+        held = env.lease_holders(factory)
+        found.append(Finding("leases", True, "; ".join(held) if held else
+                             "none taken yet: no controller daemon has run against this database"))
+    return found
 
 
 def _role(env: DoctorEnv, role: str, factory: object) -> Finding:
@@ -332,6 +339,7 @@ def render(findings: Sequence[Finding]) -> str:
 
 def real_env() -> DoctorEnv:
     from slurm_aigc.db import open_database, probe_privileges, server_time
+    from slurm_aigc.lease import holders
     from slurm_aigc.policy.site import load_site_policy
     from slurm_aigc.slurm import SlurmCli
     from slurm_aigc.telemetry.nvml import NvmlBackend
@@ -350,7 +358,11 @@ def real_env() -> DoctorEnv:
         finally:
             backend.close()
 
+    def lease_holders(factory: object) -> list[str]:
+        return [holder.describe() for holder in holders(factory)]  # type: ignore[arg-type]
+
     return DoctorEnv(
+        lease_holders=lease_holders,
         open_db=open_database, privileges=probe_privileges, server_time=server_time,  # type: ignore[arg-type]
         slurm_config=slurm.show_config, slurm_ping=slurm.ping, slurm_admin_level=admin_level,
         nvml_gpus=nvml_gpus, load_policy=load_site_policy, read_text=lambda path: open(path, encoding="utf-8").read(),

@@ -17,6 +17,7 @@ from slurm_aigc import db
 from slurm_aigc.cli import doctor as doc
 from slurm_aigc.db import open_database, probe_privileges, server_time
 from slurm_aigc.errors import ConfigError, DatabaseError, NvmlUnavailableError
+from slurm_aigc.lease import RECLAIM, Leases, holders
 from slurm_aigc.localcluster.manager import LocalCluster
 from tests.conftest import DatabaseServer
 
@@ -202,6 +203,25 @@ def test_a_sqlite_file_uri_is_checked_by_opening_it_as_the_daemons_do(tmp_path: 
     assert found["database"].ok, found["database"].detail
     assert db.sqlite_path(url) == db.sqlite_path(f"sqlite:///{state}") == str(state)
     assert db.sqlite_path("sqlite://") is None and db.sqlite_path("mysql+pymysql://u@h/d") is None
+
+
+def test_the_controller_check_says_which_process_holds_each_lease(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    factory = open_database(url)
+
+    def check() -> doc.Finding:
+        checked = env(environ={"SLURM_AIGC_DB_URL": url}, open_db=open_database, privileges=probe_privileges,
+                      server_time=server_time, lease_holders=lambda f: [h.describe() for h in holders(f)])
+        return {f.check: f for f in doc.run_checks(checked, "controller", None, None)}["leases"]
+
+    assert check().detail == "none taken yet: no controller daemon has run against this database"
+    live, trial = Leases(factory, 60.0, name="host1:42:ab"), Leases(factory, 60.0, name="host2:7:cd", dry_run=True)
+    assert live.hold(RECLAIM) and trial.hold(RECLAIM)
+    found = check()
+    assert found.ok and found.detail.startswith("the dry-run reclaim lease is held by host2:7:cd for ")
+    assert "; the reclaim lease is held by host1:42:ab for " in found.detail
+    live.release()
+    assert "the reclaim lease is free" in check().detail
 
 
 def test_an_agent_on_sqlite_is_a_warning_not_a_role_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
