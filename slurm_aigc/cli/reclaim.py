@@ -169,19 +169,17 @@ def controller(config_file: str | None, db_url: str | None, interval_s: float | 
         warning = listing_interval_warning(load_policy(config_file, hook_sections=False), interval_s)
         if warning:
             LOG.warning("%s", warning)
-    retention = None if once or jobs else _retention(config_file, db_url)
-
-    standing_by: list[str] = []
+    retention = None if one_off else _retention(config_file, db_url)
+    refused: list[str] = []  # a one-off run's tick that another controller's lease kept from running
 
     def tick() -> None:
         report = ctl.tick()
-        if report.standby:  # retention goes with reclaim's lease
-            standing_by.append(report.standby)
-        elif retention is not None:
+        if retention is not None and not report.standby:  # retention goes with reclaim's lease
             retention()
         for result in report.reconciled + report.results:
             (click.echo if once else LOG.warning)(result.line())
         if once and report.standby:
+            refused.append(report.standby)
             click.echo(f"not run: {report.standby} (another controller; stop it, or add --dry-run)", err=True)
         elif once:
             counts = ", ".join(f"{k}={v}" for k, v in sorted(summary(report.assessment.views).items())) or "no GPU jobs"
@@ -194,7 +192,7 @@ def controller(config_file: str | None, db_url: str | None, interval_s: float | 
     finally:
         if leases is not None:
             leases.release()
-    raise SystemExit(1 if once and standing_by else status)
+    raise SystemExit(1 if refused else status)
 
 
 @click.group("idle")
