@@ -5,9 +5,9 @@
 Run it right after `slurm-aigc replay compare ... --out-dir DIR` on the local cluster, before
 another replay: it reads each leg's samples from that leg's scratch database on the cluster's
 MariaDB (`slurm_aigc_scratch_replay_stock`, `..._aigc`), the workload the legs ran
-(`DIR/workload.csv`: each job's class, GPUs, VRAM and usage profile) and, from sacct, the
-names of the jobs that ran in the last `--since-minutes` (job id -> workload job; both legs
-submit the same names under their own ids).
+(`DIR/workload.csv`: each job's class, GPUs, VRAM and usage profile) and, from sacct (as JSON,
+through the report's reader), the names of the jobs that ran in the last `--since-minutes`
+(job id -> workload job; both legs submit the same names under their own ids).
 
 For every GPU sample of the judged window (the first `duration_s` of the leg, compare.json):
 - free: no job held the GPU at that poll;
@@ -26,8 +26,8 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import subprocess
 import sys
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from sqlalchemy import text
@@ -37,6 +37,8 @@ from slurm_aigc.localcluster.manager import LocalCluster
 from slurm_aigc.replay.workload import Workload
 from slurm_aigc.replay.workload_files import read_workload
 from slurm_aigc.report.figures import DEFAULT_USEFUL_RULE
+from slurm_aigc.report.sacct import JobRecord, SacctQuery, SacctReader
+from slurm_aigc.slurm import SlurmCli
 
 # A simulated t4 holds 15 GiB (simgpu); a job up to this fits one whole.
 SMALL_TYPE_GIB = 15.0
@@ -44,14 +46,11 @@ MIN_SHARE = 0.005  # rows under half a percent of a type's time are left out of 
 
 
 def job_names(since_minutes: float) -> dict[str, str]:
-    """Job id -> name for every job sacct knows from the last `since_minutes` (both legs)."""
-    out = subprocess.run(["sacct", "-X", "-a", "-D", "-n", "-P", "-S", f"now-{since_minutes:g}minutes", "-E", "now",
-                          "-o", "JobIDRaw,JobName%200"], capture_output=True, text=True, check=True).stdout
-    names = {}
-    for line in out.splitlines():
-        job_id, _, name = line.partition("|")  # the name last: a '|' in it stays in it
-        names[job_id] = name
-    return names
+    """Job id -> name for every job sacct knows from the last `since_minutes` (both legs), read as
+    JSON by the report's reader: a job name is user text, which no delimiter can hold."""
+    now = datetime.now()
+    query = SacctQuery(since=now - timedelta(minutes=since_minutes), until=now)
+    return {row.job_id_raw: row.name for row in SacctReader(SlurmCli()).rows(query) if isinstance(row, JobRecord)}
 
 
 def phase_at(profile: tuple[tuple[str, float], ...], seconds: float) -> str:
