@@ -15,7 +15,8 @@ local slurm = slurm
 
 local find, sub, match, gmatch, gsub, lower, upper, format, byte = string.find, string.sub, string.match,
     string.gmatch, string.gsub, string.lower, string.upper, string.format, string.byte
-local ceil, tostring, tonumber, type, ipairs = math.ceil, tostring, tonumber, type, ipairs
+local ceil, floor, max, tostring, tonumber, type, ipairs = math.ceil, math.floor, math.max, tostring, tonumber, type,
+    ipairs
 
 local NO_VAL = 4294967294
 local INFINITE = 4294967295
@@ -525,14 +526,31 @@ local function expected_sm(class, learned)
     return P.rewrites.shard.expected_sm[class], "class"
 end
 
+-- The fewest shards of type t a shard job asks for. Slurm 22.05 gives a GPU whole once one of
+-- its shard jobs ends, while all the others still run there (three 5-shard jobs on a t4, one
+-- cancelled: a gpu:1 job got that t4 beside the other two, measured on 22.05.8,
+-- tests/integration/test_slurm_shards.py). rule_whole_as_shards judges a whole job's risk by the
+-- one largest shard job left beside it, so where that rule is on, a shard job asks for more
+-- than a third of a GPU's shards and at most two share a GPU, whatever a learned SM allows.
+local function fewest_shards(t)
+    return P.rewrites.whole_as_shards.enabled and floor(t.shards_per_gpu / 3) + 1 or 1
+end
+
 -- Shards the job needs on GPU type t: its memory, and its SM share of the GPU (at least one,
 -- never `shard:0`). Slurm shards isolate nothing, so the compute share is the only cap on how
 -- many co-tenants a GPU gets.
 local function shards_needed(t, vram, sm)
-    local need = ceil(vram / t.gib_per_shard - 1e-9)
-    local compute = ceil(sm * t.shards_per_gpu - 1e-9)
-    if compute > need then need = compute end
-    return need < 1 and 1 or need
+    return max(ceil(vram / t.gib_per_shard - 1e-9), ceil(sm * t.shards_per_gpu - 1e-9), fewest_shards(t))
+end
+
+-- The most GiB one shard job may hold on type t, which the memory guard lets it use: the shards
+-- the shard rule can ask there, for a vram up to max_fraction of the GPU, an SM up to max_sm, or
+-- fewest_shards.
+local function largest_shard_gib(t)
+    local cfg = P.rewrites.shard
+    local shards = max(ceil(cfg.max_fraction * t.shards_per_gpu - 1e-9), ceil(cfg.max_sm * t.shards_per_gpu - 1e-9),
+        fewest_shards(t))
+    return (shards < t.shards_per_gpu and shards or t.shards_per_gpu) * t.gib_per_shard
 end
 
 -- One count N for every type (a GRES request has one), taken from the need on one type: the job
@@ -683,8 +701,9 @@ end
 -- the Slurm release `policy install` found is older than the first one measured without the
 -- defect), a one-GPU whole job asks for all the shards of one GPU type instead of `gpu:1`.
 -- Only where the job is at risk: where its vram= is over the GPU's memory less the largest shard
--- job the shard rule puts there (`shard.max_fraction` of it: 8 GiB of a 16 GiB t4), where its
--- vram is unknown, or wherever when it asked `share=no` (a GPU of its own). A job that fits beside
+-- job the shard rule puts there (largest_shard_gib: 8 GiB of a 16 GiB t4 as shipped; one, as
+-- fewest_shards lets at most two share a GPU), where its vram is unknown, or wherever when it
+-- asked `share=no` (a GPU of its own). A job that fits beside
 -- a shard job keeps `gpu:1`: on 22.05 it may then share a GPU, as before, and the controller
 -- acts if the two fill its memory; asking it as shards too cost the 4-node benchmark a fifth of
 -- its jobs (docs/benchmarks.md), as it waits for GPUs that it and a shard job could share.
@@ -708,7 +727,7 @@ local function whole_shard_plan(view, gpu)
     local tags = view.tags or {}
     local vram = tags.vram
     local function at_risk(t)
-        return tags.share == false or not vram or vram > t.memory_gib * (1 - P.rewrites.shard.max_fraction)
+        return tags.share == false or not vram or vram > t.memory_gib - largest_shard_gib(t)
     end
     local types = view.allowed_list or TYPES
     if gpu.type then

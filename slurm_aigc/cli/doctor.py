@@ -263,7 +263,7 @@ def _shard_defect(config: dict[str, str]) -> Finding | None:
     if not version.startswith("22.05.") or "shard" not in types:
         return None
     return Finding("gpu sharing", True, f"Slurm {version} can give a GPU whole while a shard job still runs on it; "
-                   "the controller requeues the shard job once the two fill reclaim.gpu_conflict_memory_pct of the "
+                   "the controller requeues the shard jobs once the jobs on it fill reclaim.gpu_conflict_memory_pct of the "
                    "GPU's memory, or at once when the other job asked share=no (docs/reclaim.md, GPU conflicts), "
                    "and separate nodes for shard jobs avoid it")
 

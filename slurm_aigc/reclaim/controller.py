@@ -42,7 +42,13 @@ from slurm_aigc.reclaim.detect import (
     detect,
     no_samples_verdict,
 )
-from slurm_aigc.reclaim.gpuconflict import Conflict, find_conflicts, judge_conflict
+from slurm_aigc.reclaim.gpuconflict import (
+    Conflict,
+    find_conflicts,
+    gpu_holders,
+    gpu_memory_mib,
+    judge_conflict,
+)
 from slurm_aigc.reclaim.jobs import (
     is_gpu_job,
     job_facts,
@@ -454,18 +460,22 @@ class Controller:
 
     def _guard_conflicts(self, now: float, metas: Mapping[str, JobMeta], shards_by_node: Mapping[str, int],
                          gib_by_node: Mapping[str, float], verdicts: dict[str, Verdict]) -> dict[str, Verdict]:
-        """Shard jobs on a GPU another job holds whole, once the two fill its memory, become
+        """Shard jobs on a GPU another job holds whole, once the jobs on it fill its memory, become
         `gpu_conflict` (it wins over the rest).
 
-        Found in this tick's job listing (`gres_detail`); only when there is one, the two jobs'
-        newest samples are read (their memory on that GPU).
+        Found in this tick's job listing (`gres_detail`); only when there is one, the newest
+        samples of the jobs on that GPU are read (their memory there).
         """
         listing = self._listing or ()
         conflicts = find_conflicts(listing, metas.keys()) if any(uses_shards(j) for j in listing) else []
         if not conflicts:
             self._conflicts_seen = set()
             return verdicts
-        wanted = {c.job_id for c in conflicts} | {c.other for c in conflicts}
+        # Every job on the GPU, not only the pair: 22.05 gives a GPU whole beside two shard jobs
+        # as readily as beside one (a shard job asking for its shards directly is not held to the
+        # hook's two per GPU), and each pair can fit where the three do not.
+        holders = gpu_holders(listing, {(c.node, c.index) for c in conflicts})
+        wanted = set().union(*holders.values())
         involved = [j for j in listing if j.job_id in wanted]
         # Judged like the tick's rows (own nodes only, none dated ahead: a skewed clock's row would
         # stay the newest reading for as long as the skew), and only rows of each job's current run.
@@ -478,8 +488,7 @@ class Controller:
         share_no = {j.job_id for j in listing if j.job_id in others and trusted_share_no(j.admin_comment)}
         found = dict(verdicts)
         for conflict in conflicts:
-            mine, other = (newest.get((job_id, conflict.node, conflict.index)) for job_id in (conflict.job_id, conflict.other))
-            memory = None if mine is None or other is None else mine + other
+            memory = gpu_memory_mib(conflict, holders[(conflict.node, conflict.index)], newest)
             gpu_mib = shards_by_node.get(conflict.node, 0) * gib_by_node.get(conflict.node, 0.0) * MIB_PER_GIB
             verdict = judge_conflict(conflict, metas[conflict.job_id].job_class, memory, gpu_mib,
                                      self.config.gpu_conflict_memory_pct, now, conflict.other in share_no)

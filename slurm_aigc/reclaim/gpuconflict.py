@@ -1,21 +1,22 @@
 """Pure: shard jobs on a GPU that Slurm has also given whole to another job.
 
-Slurm 22.05 (Debian 12's 22.05.8) loses track of a GPU's shard jobs once one of two shard jobs
-on it ends: the GPU then looks free to whole-GPU jobs while the other shard job still runs
-on it, and the next `gpu:1` job gets it (docs/hook.md; 24.11 keeps the GPU until its last
-shard job ends). The two jobs then share memory and compute unknowingly, and the whole-GPU
-job, promised the entire GPU, runs out of memory when they do not fit.
+Slurm 22.05 (Debian 12's 22.05.8) loses track of a GPU's shard jobs once one of the shard jobs
+on it ends: the GPU then looks free to whole-GPU jobs while the other shard jobs still run on
+it (one or two left, both measured), and the next `gpu:1` job gets it (docs/hook.md; 24.11
+keeps the GPU until its last shard job ends). The jobs then share memory and compute
+unknowingly, and the whole-GPU job, promised the entire GPU, runs out of memory when they do
+not fit.
 
 Nothing we can do at submit time prevents it, and `scontrol reconfigure` (which rebuilds the
 GPU's accounting) also drops every feature and weight the publisher wrote. So the controller
 finds the conflict where it shows: in its own job listing (each job's `gres_detail`, read every
 tick, no extra RPC), a GPU held whole by one running job and through shards by another.
 
-It acts once the two jobs' memory on that GPU (their newest samples, summed) reaches
-`memory_pct` of the GPU's memory, where the next allocation on it can fail, and at once when
-the whole-GPU job asked `share=no` (the hook's `aigc_share=no` stamp, which its owner cannot
-rewrite later): that job was promised a GPU of its own. Acting on every
-conflict was measured to cost more than it saves: in a backlogged 16-node replay on 22.05 it
+It acts once the memory of every job on that GPU (their newest samples, summed: the whole-GPU
+job and each shard job left) reaches `memory_pct` of the GPU's memory, where the next
+allocation on it can fail, and at once when the whole-GPU job asked `share=no` (the hook's
+`aigc_share=no` stamp, which its owner cannot rewrite later): that job was promised a GPU of
+its own. Acting on every conflict was measured to cost more than it saves: in a backlogged 16-node replay on 22.05 it
 requeued 17 shard jobs in 300 s (some three times), because in a busy cluster nearly every
 shard job whose partner on a GPU ends gets a whole-GPU job beside it, and most of those pairs
 fit in memory. The shard job is the one requeued, not the whole-GPU job: requeuing the
@@ -25,7 +26,7 @@ shard job ends the conflict and leaves Slurm's accounting right again (checked o
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from slurm_aigc.reclaim.detect import Verdict
@@ -61,12 +62,39 @@ def find_conflicts(jobs: Sequence[JobInfo], judged: Collection[str]) -> list[Con
     return found
 
 
+def gpu_holders(jobs: Sequence[JobInfo], gpus: Collection[tuple[str, int]]) -> dict[tuple[str, int], frozenset[str]]:
+    """Every running job holding each (node, index) of `gpus`, whole or through shards."""
+    found: dict[tuple[str, int], set[str]] = {gpu: set() for gpu in gpus}
+    for job in jobs:
+        if job.state != "RUNNING":
+            continue
+        for node, whole, shards in job_whole_and_shard_gpus(job):
+            for index in whole | shards:
+                if (node, index) in found:
+                    found[(node, index)].add(job.job_id)
+    return {gpu: frozenset(ids) for gpu, ids in found.items()}
+
+
+def gpu_memory_mib(conflict: Conflict, holders: Collection[str],
+                   newest: Mapping[tuple[str, str, int], float | None]) -> float | None:
+    """The memory all `holders` of the conflict's GPU use there (their newest samples, keyed by
+    (job, node, index)); None when one of them has none."""
+    total = 0.0
+    for job_id in holders:
+        reading = newest.get((job_id, conflict.node, conflict.index))
+        if reading is None:
+            return None
+        total += reading
+    return total if holders else None
+
+
 def judge_conflict(conflict: Conflict, job_class: str, memory_mib: float | None, gpu_mib: float, memory_pct: float,
                    now_ts: float, other_share_no: bool = False) -> Verdict | None:
-    """`gpu_conflict` once the two jobs' memory on the GPU reaches `memory_pct` % of `gpu_mib`,
-    or at once when the whole-GPU job asked `share=no` (`other_share_no`, from its stamp).
+    """`gpu_conflict` once the memory of the jobs on the GPU (`gpu_memory_mib`) reaches
+    `memory_pct` % of `gpu_mib`, or at once when the whole-GPU job asked `share=no`
+    (`other_share_no`, from its stamp).
 
-    `memory_mib` is None when either job has no fresh sample on that GPU: unknown never acts,
+    `memory_mib` is None when a job on it has no fresh sample on that GPU: unknown never acts,
     unless `memory_pct` is 0 (act on every conflict) or the other job asked `share=no`.
     """
     limit_mib = memory_pct / 100.0 * gpu_mib
@@ -74,7 +102,7 @@ def judge_conflict(conflict: Conflict, job_class: str, memory_mib: float | None,
     if not (full or other_share_no):
         return None
     used = "" if memory_mib is None or gpu_mib <= 0 else (
-        f", and the two use {memory_mib / MIB_PER_GIB:.1f} of its {gpu_mib / MIB_PER_GIB:.0f} GiB")
+        f", and the jobs on it use {memory_mib / MIB_PER_GIB:.1f} of its {gpu_mib / MIB_PER_GIB:.0f} GiB")
     why = "the next allocation on it can fail" if full else f"job {conflict.other} asked share=no"
     reason = (f"Slurm gave GPU {conflict.index} of {conflict.node}, which this job holds through shards, whole to "
               f"job {conflict.other} as well (a Slurm 22.05 defect, docs/hook.md){used}: {why}")

@@ -579,6 +579,40 @@ def test_on_slurm_22_05_a_whole_gpu_at_risk_beside_a_shard_job_asks_for_all_its_
     assert "tres_per_node" not in brim.changes and brim.changes["features"] == (None, "a100")
 
 
+def test_on_slurm_22_05_at_most_two_shard_jobs_share_a_gpu(tmp_path: Path) -> None:
+    # 22.05 gives a GPU whole once one of its shard jobs ends, while all the others still run there
+    # (three 5-shard jobs on a t4, measured: tests/integration/test_slurm_shards.py). The whole-job
+    # risk counts one shard job left, so there a shard job asks for more than a third of a GPU.
+    old, new = runtime_for_slurm(tmp_path, (22, 5, 8)), runtime_for_slurm(tmp_path, (24, 11, 5))
+    assert new.shard_request("infer", 2.0, {"sm": 0.1}) == (8, ["t4", "a100"], 0.1)  # four per t4
+    assert old.shard_request("infer", 2.0, {"sm": 0.1}) == (6, ["t4"], 0.1)  # 16 // 3 + 1: two per t4
+    assert new.shard_request("imagegen", 12.0, {"sm": 0.25}) == (20, ["a100"], 0.25)  # four per a100
+    assert old.shard_request("imagegen", 12.0, {"sm": 0.25}) == (27, ["a100"], 0.25)  # two per a100
+    # The shipped class SM already asks for half a GPU: the same on both releases.
+    assert old.shard_request("infer", 7.0) == new.shard_request("infer", 7.0) == (8, ["t4"], 0.5)
+    # Through the hook, a light class asks for 6 of a t4's 16 shards, not 2.
+    document = yaml.safe_load(shipped_policy().read_text())
+    document["rewrites"]["whole_as_shards"] = {"enabled": True}
+    document["rewrites"]["shard"]["expected_sm"]["infer"] = 0.1
+    light = HookRuntime(render_hook(parse_policy_text(yaml.safe_dump(document), "test-policy.yaml")))
+    result = submit(light, comment="aigc:type=infer,vram=2G", tres_per_node="gres:gpu:1")
+    assert result.changes["tres_per_node"] == ("gres:gpu:1", "gres:shard:6") and result.changes["features"] == (None, "t4")
+
+
+def test_on_slurm_22_05_the_risk_bound_is_the_largest_shard_job_the_policy_allows(tmp_path: Path) -> None:
+    # With max_sm 0.75 a shard job may hold 60 of an a100's 80 GiB (its SM share of the shards),
+    # so a whole 30 GiB job is at risk beside it and asks for all of a GPU's shards; at the
+    # shipped 0.5 it fits beside the largest (40 GiB) and keeps gpu:1.
+    document = yaml.safe_load(shipped_policy().read_text())
+    document["rewrites"]["whole_as_shards"] = {"enabled": True}
+    document["rewrites"]["shard"]["max_sm"] = 0.75
+    wide = HookRuntime(render_hook(parse_policy_text(yaml.safe_dump(document), "test-policy.yaml")))
+    assert wide.shard_request("infer", 9.0, {"sm": 0.75}) == (60, ["a100"], 0.75)
+    job = {"comment": "aigc:type=finetune,vram=30G", "tres_per_node": "gres:gpu:1"}
+    assert submit(wide, **job).changes["tres_per_node"] == ("gres:gpu:1", "gres:shard:80")
+    assert "tres_per_node" not in submit(runtime_for_slurm(tmp_path, (22, 5, 8)), **job).changes
+
+
 @pytest.mark.parametrize("fields", [
     {"comment": "aigc:type=imagegen,vram=7G", "tres_per_node": "gres:gpu:1"},  # fits a t4 beside any shard job
     {"comment": "aigc:type=finetune,vram=30G", "tres_per_node": "gres:gpu:1"},  # fits an a100 beside any shard job

@@ -14,7 +14,14 @@ from slurm_aigc.db import JobGpuSample, open_database, transaction
 from slurm_aigc.errors import ConfigError
 from slurm_aigc.reclaim.config import ClassPolicy, ReclaimConfig, parse_reclaim_section
 from slurm_aigc.reclaim.controller import Controller
-from slurm_aigc.reclaim.gpuconflict import GPU_CONFLICT, Conflict, find_conflicts, judge_conflict
+from slurm_aigc.reclaim.gpuconflict import (
+    GPU_CONFLICT,
+    Conflict,
+    find_conflicts,
+    gpu_holders,
+    gpu_memory_mib,
+    judge_conflict,
+)
 from slurm_aigc.reclaim.ladder import PlannedAction
 from slurm_aigc.reclaim.store import ReclaimStore
 from slurm_aigc.slurm import SlurmCli
@@ -164,6 +171,42 @@ def test_dry_run_only_records(tmp_path: Path) -> None:
     assert {v.job.job_id: v.verdict.kind for v in controller.assess().views} == {"10": GPU_CONFLICT, "11": None}
     report = controller.tick()
     assert [(r.job_id, r.state) for r in report.results] == [("10", "skipped")] and fake.mutations() == []
+
+
+def test_every_job_on_the_gpu_counts_when_two_shard_jobs_are_left(tmp_path: Path) -> None:
+    """22.05 gives a GPU whole beside two shard jobs as well (measured: three sharing, one ended).
+    Each shard job and the whole-GPU job fit as a pair (5 + 5.5 of 16 GiB), all three do not
+    (15.5 GiB, past 90 %): both shard jobs are requeued, the whole-GPU job kept."""
+    jobs = {"10": FakeJob("10", node="t4-01", gpu_type="t4", shards=5, gres_detail="shard:5(IDX:3)",
+                          admin_comment="aigc_class=infer"),
+            "12": FakeJob("12", node="t4-01", gpu_type="t4", shards=5, gres_detail="shard:5(IDX:3)",
+                          admin_comment="aigc_class=infer"),
+            "11": FakeJob("11", node="t4-01", gpu_type="t4", gpus=1, gres_detail="gpu:t4:1(IDX:3)",
+                          admin_comment="aigc_class=train")}
+    fake = FakeSlurm([FakeNode("t4-01", gres="gpu:t4:4,shard:t4:64")], jobs=jobs)
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    with transaction(open_database(url)) as session:
+        for ts in (START + 30.0, START + 40.0):
+            for job_id, gib in (("10", 5.0), ("12", 5.0), ("11", 5.5)):
+                session.add(JobGpuSample(ts=ts, node="t4-01", job_id=job_id, gpu_index=3, sm_util_pct=60.0,
+                                         memory_used_mib=gib * GIB, memory_total_mib=T4_MIB,
+                                         power_draw_w=50.0, power_limit_w=70.0, shared=job_id != "11"))
+    controller = Controller(SlurmCli(runner=fake), ReclaimStore(open_database(url)), CONFIG, clock=Clock(START + 40.0))
+    report = controller.tick()
+    assert sorted((r.job_id, r.action, r.state) for r in report.results) == [("10", "requeue", "done"),
+                                                                             ("12", "requeue", "done")]
+    assert fake.jobs["11"].state == "RUNNING" and fake.jobs["11"].restarts == 0
+    assert all("use 15.5 of its 16 GiB" in row.detail["message"] for row in ReclaimStore(open_database(url)).audit())
+
+
+def test_the_gpus_holders_are_every_running_job_on_it() -> None:
+    listing = [job("1", "gpu:t4:1(IDX:3)"), job("2", "shard:5(IDX:3)"), job("3", "shard:5(IDX:3)"),
+               job("4", "shard:5(IDX:2)"), job("5", "shard:5(IDX:3)", state="PENDING"), job("6", "shard:5(IDX:3)", node="t4-02")]
+    assert gpu_holders(listing, {("t4-01", 3)}) == {("t4-01", 3): frozenset({"1", "2", "3"})}
+    clash = Conflict("2", "t4-01", 3, "1")
+    newest = {("1", "t4-01", 3): 5.0, ("2", "t4-01", 3): 4.0, ("3", "t4-01", 3): 6.0, ("4", "t4-01", 2): 9.0}
+    assert gpu_memory_mib(clash, {"1", "2", "3"}, newest) == 15.0
+    assert gpu_memory_mib(clash, {"1", "2", "3", "7"}, newest) is None  # one without a sample: unknown
 
 
 def test_its_ladder_requeues_by_default_and_may_only_notify_and_requeue() -> None:
