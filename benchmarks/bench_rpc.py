@@ -11,12 +11,15 @@ jobs keep starting), `sdiag -r` then `sdiag` count slurmctld's RPCs by type in t
 A. one `slurm-aigc agent --backend sim` per node (Prolog records present);
 B. the same agents plus `slurm-aigc controller --dry-run` (reclaim and publisher; a dry-run
    publisher makes no `scontrol update` and so skips its listing before the writes);
+D. phase B plus a second `slurm-aigc controller --dry-run` on the same database: a standby,
+   as on a second host, which finds the leases held and asks slurmctld nothing;
 C. the agents alone again but reading an empty record directory (a site without the
    Prolog): every new job costs one lookup.
 
 Every RPC type counts except the cluster's own traffic (slurmd registrations, batch and
 Prolog/Epilog completion, the benchmark's job submissions and kills, sdiag), which the table
-lists apart. The controller's figure is phase B minus phase A's rate. Projection to 2,000 nodes:
+lists apart. The controller's figure is phase B minus phase A's rate, the standby's phase D
+minus phase B's. Projection to 2,000 nodes:
 agents scale per node; the controller's reads are per tick whatever the size, its writes
 (`scontrol update` of a node whose weight or features change) are projected per node.
 Goals (issue 11.5): agents <= 0.2 per node-minute, controller <= 10 per minute.
@@ -101,9 +104,9 @@ class Daemons:
                          "--simgpu-dir", str(self.local.simgpu_dir), "--db", str(self.local.db_url_file("agent"))],
                         f"agent-{node}", env)
 
-    def start_controller(self) -> None:
+    def start_controller(self, name: str = "controller") -> None:
         self._start([str(BIN), "controller", "--config", str(self.config), "--db",
-                     str(self.local.db_url_file("controller")), "--dry-run"], "controller", dict(os.environ))
+                     str(self.local.db_url_file("controller")), "--dry-run"], name, dict(os.environ))
 
     def _start(self, argv: list[str], name: str, env: dict[str, str]) -> None:
         self.procs.append(spawn_logged(argv, self.log_dir / f"{name}.log", env))
@@ -179,7 +182,7 @@ def run_shape(shape: str, args: argparse.Namespace, log_dir: Path) -> tuple[int,
     nodes = list(local.up(shape, install=False, replace=True).nodes)
     conf = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30).stdout
     assert "slurm-aigc-jobrecord" in conf, "slurm.conf has no slurm-aigc Prolog"
-    total_s = 3 * args.phase_s + 120
+    total_s = 4 * args.phase_s + 120
     ids = job_mix(local, nodes, total_s, args.churn_s)
     daemons = Daemons(local, bench_config(log_dir, args.feature_check_s), log_dir)
     try:
@@ -191,7 +194,11 @@ def run_shape(shape: str, args: argparse.Namespace, log_dir: Path) -> tuple[int,
         phases = [measure("A agents", args.phase_s, ids)]
         daemons.start_controller()
         phases.append(measure("B agents+controller", args.phase_s, ids))
+        daemons.start_controller("standby")  # the first holds the leases: this one stands by
+        phases.append(measure("D B + a standby controller", args.phase_s, ids))
         daemons.stop()
+        standby_log = (log_dir / "standby.log").read_text(errors="replace")
+        assert "standing by: the" in standby_log, f"the second controller did not stand by:\n{standby_log[-2000:]}"
         daemons.start_agents([n.name for n in nodes], log_dir / "no-records")
         time.sleep(args.warmup_s)
         phases.append(measure("C agents, no Prolog", args.phase_s, ids))
@@ -202,9 +209,10 @@ def run_shape(shape: str, args: argparse.Namespace, log_dir: Path) -> tuple[int,
 
 
 def report(shape: str, nodes: int, phases: list[Phase], feature_check_s: float) -> list[str]:
-    a, b, c = phases
+    a, b, d, c = phases
     agents = a.per_minute() / nodes
     controller = max(b.per_minute() - a.per_minute(), 0.0)
+    standby = d.per_minute() - b.per_minute()
     ctl_writes = max(b.per_minute(lambda k: k in WRITES) - a.per_minute(lambda k: k in WRITES), 0.0)
     ctl_reads = controller - ctl_writes
     no_prolog = c.per_minute() / nodes
@@ -222,7 +230,8 @@ def report(shape: str, nodes: int, phases: list[Phase], feature_check_s: float) 
               f"| agents without the Prolog, per node-minute | {no_prolog:.3f} | | {no_prolog * 2000:.0f} per minute |",
               f"| agents without the Prolog, per new job | {c.per_minute() * c.seconds / 60 / max(c.new_jobs, 1):.2f} | <= 1 | |",
               f"| controller reads per minute | {ctl_reads:.1f} | <= 10 | {ctl_reads:.1f} (listings per tick) |",
-              f"| controller node writes per minute | {ctl_writes:.1f} | | {ctl_writes / nodes * 2000:.0f} if as many nodes change |"]
+              f"| controller node writes per minute | {ctl_writes:.1f} | | {ctl_writes / nodes * 2000:.0f} if as many nodes change |",
+              f"| standby controller, per minute (D - B) | {standby:+.1f} | 0 | {standby:+.1f} |"]
     return lines
 
 
@@ -242,8 +251,9 @@ def main() -> None:
                 log_dir = Path(tmp) / shape.replace(",", "_").replace(":", "-")
                 log_dir.mkdir()
                 nodes, phases = run_shape(shape, args, log_dir)
-                out += report(shape, nodes, phases, args.feature_check_s) + [""]
-                print("\n".join(out[-12:]), flush=True)
+                lines = report(shape, nodes, phases, args.feature_check_s)
+                out += [*lines, ""]
+                print("\n".join(lines), flush=True)
         finally:
             if args.restore_shape:
                 LocalCluster().up(args.restore_shape, install=False, replace=True)
