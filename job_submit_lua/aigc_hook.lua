@@ -703,10 +703,10 @@ end
 -- Only where the job is at risk: where its vram= is over the GPU's memory less the largest shard
 -- job the shard rule puts there (largest_shard_gib: 8 GiB of a 16 GiB t4 as shipped; one, as
 -- fewest_shards lets at most two share a GPU), where its vram is unknown, or wherever when it
--- asked `share=no` (a GPU of its own). A job that fits beside
--- a shard job keeps `gpu:1`: on 22.05 it may then share a GPU, as before, and the controller
--- acts if the two fill its memory; asking it as shards too cost the 4-node benchmark a fifth of
--- its jobs (docs/benchmarks.md), as it waits for GPUs that it and a shard job could share.
+-- asked `share=no` (a GPU of its own). A job that fits beside a shard job keeps `gpu:1`: on
+-- 22.05 it may then share a GPU, as before, and the controller acts if the jobs on it fill its
+-- memory; asking it as shards too cost the 4-node benchmark a fifth of its jobs
+-- (docs/benchmarks.md), as it waits for GPUs that it and a shard job could share.
 -- A GRES request has one count, so the job's types must agree on it: a typed request, or types
 -- that share a shard count; else (vram= known) the smallest of its types with memory above its
 -- vram: pinned there as shards when at risk there (a 13 GiB fine-tune: t4, shard:16); when not,
