@@ -38,6 +38,7 @@ from sqlalchemy.sql import Executable
 from sqlalchemy.sql.elements import ColumnElement
 
 from slurm_aigc.db import Lease, server_now_sql, transaction
+from slurm_aigc.errors import DatabaseError
 
 LOG = logging.getLogger(__name__)
 P = ParamSpec("P")
@@ -93,9 +94,18 @@ class Leases:
         self._why_not: dict[str, str] = {}  # key -> who held it at the last `hold` that failed
 
     def set_dry_run(self, dry_run: bool) -> None:
-        """The controller's mode changed (SIGHUP): give back the leases of the old mode."""
-        if dry_run != self._dry_run:
+        """The controller's mode changed (SIGHUP): give back the leases of the old mode. The mode
+        switches even when the database cannot take them back (they run out on their own): a
+        live controller renewing its dry-run row would act beside the live holder."""
+        if dry_run == self._dry_run:
+            return
+        try:
             self.release()
+        except DatabaseError as error:
+            LOG.warning("%s: could not give back the %s lease(s), which run out in %.0f s: %s", self.name,
+                        ", ".join(sorted(self._renewed_at)), self.lease_s, error)
+        finally:
+            self._renewed_at.clear()
             self._dry_run = dry_run
 
     def _key(self, part: str) -> str:

@@ -164,9 +164,13 @@ def check_database(env: DoctorEnv, role: str, db_url: str | None) -> list[Findin
     found = [Finding("database", True, f"reachable, schema current ({db.mask_url(url)} from {source})"),
              role_check, _skew(env, factory)]
     if role == "controller":
-        held = env.lease_holders(factory)
-        found.append(Finding("leases", True, "; ".join(held) if held else
-                             "none taken yet: no controller daemon has run against this database"))
+        try:
+            held = env.lease_holders(factory)
+        except AigcError as error:  # e.g. a role without SELECT on leases: a finding, not a crash
+            found.append(Finding("leases", False, str(error), "grant the controller role what docs/deploy.md lists"))
+        else:
+            found.append(Finding("leases", True, "; ".join(held) if held else
+                                 "none taken yet: no controller daemon has run against this database"))
     return found
 
 

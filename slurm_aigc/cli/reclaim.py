@@ -86,11 +86,11 @@ def _reload(ctl: Controller, hooks: PublisherHooks | None, config_file: str | No
     dry = config.dry_run if dry_run is None else dry_run
     if dry != ctl.dry_run:
         LOG.warning("slurm-aigc controller: now %s", _mode(dry))
+    if leases is not None:  # first: the leases of the mode the controller acts in, whatever fails below
+        leases.set_dry_run(dry)
     ctl.set_config(config, dry_run=dry)
     if hooks is not None:
         hooks.reload(dry)
-    if leases is not None:
-        leases.set_dry_run(dry)
 
 
 def _mode(dry_run: bool) -> str:

@@ -380,6 +380,9 @@ class Actuator:
         if phase == "waiting":
             return {"open": f"requeued and held but not PENDING after {wait_s:.0f}s (epilog?); "
                             "released once it is (checked every tick)", "phase": "waiting_pending"}
+        if phase == "stopped":
+            return {"open": "requeued and held; this controller stopped or its lease ran out before the GPU update: "
+                            "the controller holding the lease finishes it (reconcile)", "phase": "waiting_pending"}
         if phase != "held":
             return _unheld(phase, job, gpus_after)
         assert job is not None
@@ -411,16 +414,21 @@ class Actuator:
         return {"result": f"requeued with {gpus_after} GPU(s) and released", "update": applied, "tried": tried}
 
     def _wait_held(self, job_id: str, wait_s: float) -> tuple[str, JobInfo | None]:
-        """Poll until the requeue-held job leaves COMPLETING: (phase, job), phase as `hold_phase`.
+        """Poll until the requeue-held job leaves COMPLETING: (phase, job), phase as `hold_phase`,
+        or ("stopped", None) once `stop_when`'s condition holds (SIGTERM, or the reclaim lease
+        running out: the wait, up to `pending_wait_s`, can outlast the lease's margin, and another
+        controller may then reconcile the same shrink).
 
         Polls the state alone (`squeue -j ID -o %A|%T`, one job), then reads the job once.
         """
         deadline = self._monotonic() + wait_s
         while True:
+            if self._stopping():
+                return "stopped", None
             state = self._slurm.job_state(job_id)
             if state is None or state in _SETTLED_STATES or self._monotonic() >= deadline:
                 job = self._slurm.job(job_id)
-                return hold_phase(job), job
+                return ("stopped", None) if self._stopping() else (hold_phase(job), job)
             self._sleep(1.0)
 
     def reconcile(self, *, dry_run: bool = False, only_jobs: frozenset[str] | None = None) -> list[ActionResult]:

@@ -224,6 +224,20 @@ def test_the_controller_check_says_which_process_holds_each_lease(tmp_path: Path
     assert "the reclaim lease is free" in check().detail
 
 
+def test_a_leases_table_the_role_cannot_read_is_a_finding_not_a_crash(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    open_database(url)
+
+    def denied(factory: object) -> list[str]:
+        raise DatabaseError("database error: (1142, \"SELECT command denied to user 'aigc_agent' for table 'leases'\")")
+
+    checked = env(environ={"SLURM_AIGC_DB_URL": url}, open_db=open_database, privileges=probe_privileges,
+                  server_time=server_time, lease_holders=denied)
+    found = {f.check: f for f in doc.run_checks(checked, "controller", None, None)}
+    assert not found["leases"].ok and "SELECT command denied" in found["leases"].detail
+    assert found["database"].ok
+
+
 def test_an_agent_on_sqlite_is_a_warning_not_a_role_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # SQLite has no roles: every probe passes, which doctor read as "write actions should be
     # refused". The project runs an agent on SQLite on the controller's own host: a warning.

@@ -14,6 +14,7 @@ from sqlalchemy import select
 
 from slurm_aigc.cli import reclaim as cli
 from slurm_aigc.db import Lease, open_database, transaction
+from slurm_aigc.errors import DatabaseError
 from slurm_aigc.lease import LEARNER, PUBLISHER, RECLAIM, Leases, only_while_held
 from slurm_aigc.policy.loader import load_policy
 from slurm_aigc.reclaim.config import ReclaimConfig
@@ -102,6 +103,47 @@ def test_a_dry_run_controller_never_keeps_a_live_one_standing_by(tmp_path: Path)
     trial.set_dry_run(False)  # SIGHUP after reclaim.dry_run: false
     assert other_trial.hold(RECLAIM)
     assert not trial.hold(RECLAIM) and "the reclaim lease is held by live" in trial.why_not(RECLAIM)
+
+
+def test_a_reload_switches_the_leases_mode_even_when_the_database_cannot_take_them_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A dry-run daemon goes live by SIGHUP while the database is briefly out of reach: it must
+    not go on renewing its dry-run row and act live beside the live holder."""
+    factory = open_database(f"sqlite:///{tmp_path / 'state.db'}")
+    now = Clock(1000.0)
+    trial, live = Leases(factory, LEASE_S, name="trial", dry_run=True, clock=now), Leases(factory, LEASE_S, name="live", clock=now)
+    assert trial.hold(RECLAIM) and live.hold(RECLAIM)
+
+    def unreachable() -> None:
+        raise DatabaseError("database error: (2013, 'Lost connection to MySQL server during query')")
+
+    monkeypatch.setattr(trial, "release", unreachable)
+    with caplog.at_level(logging.WARNING, logger="slurm_aigc.lease"):
+        trial.set_dry_run(False)
+    assert "could not give back the dry-run reclaim lease(s), which run out in 60 s" in caplog.text
+    assert not trial.still_held(RECLAIM)
+    assert not trial.hold(RECLAIM) and "the reclaim lease is held by live" in trial.why_not(RECLAIM)
+
+
+def test_a_reload_takes_the_new_modes_leases_before_the_controller_changes_mode(tmp_path: Path) -> None:
+    """`_reload`: were the controller switched first, a failure between the two steps would leave
+    a live controller on its dry-run lease."""
+    order: list[str] = []
+
+    class Ctl:
+        dry_run = True
+
+        def set_config(self, config: ReclaimConfig, dry_run: bool) -> None:
+            order.append(f"controller dry_run={dry_run}")
+
+    class Recorder:
+        def set_dry_run(self, dry_run: bool) -> None:
+            order.append(f"leases dry_run={dry_run}")
+
+    policy = tmp_path / "p.yaml"
+    policy.write_text("reclaim:\n  dry_run: false\n")
+    cli._reload(Ctl(), None, str(policy), None, Recorder())  # type: ignore[arg-type]
+    assert order == ["leases dry_run=False", "controller dry_run=False"]
 
 
 def test_still_held_renews_after_half_the_lease_and_gives_up_before_its_end(tmp_path: Path) -> None:

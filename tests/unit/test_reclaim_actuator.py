@@ -337,6 +337,34 @@ def test_shrink_not_pending_in_time_stays_open_and_is_released_on_a_later_tick(s
     assert actuator.reconcile() == []
 
 
+@pytest.mark.parametrize("lost_after_polls", [0, 3])
+def test_a_shrink_whose_lease_runs_out_mid_wait_is_left_to_the_holder(store: ReclaimStore, lost_after_polls: int) -> None:
+    # The wait for PENDING (up to pending_wait_s, 60 s shipped) can outlast the lease's margin;
+    # once the lease is gone another controller may reconcile the same shrink, so this one must
+    # neither lower the GPUs nor release the job: the intent stays open for the holder.
+    fake, actuator, _ = slow_epilog(store)
+    polls = {"n": 0}
+    original = fake.pending_after_polls
+
+    def lease_lost() -> bool:
+        polls["n"] += 1
+        return polls["n"] > lost_after_polls + 1  # the batch's own check comes first
+
+    actuator.stop_when(lease_lost)
+    fake.pending_after_polls = original if lost_after_polls else 0  # 0: PENDING at the first poll
+    result = actuator.apply(plan("shrink", gpus_after=1), show(fake))
+    assert result.state == "intent" and "lease ran out" in result.detail["open"]
+    assert [c[1] for c in fake.mutations()] == ["requeuehold"]
+    [row] = store.audit()
+    assert (row.state, row.detail["phase"]) == ("intent", "waiting_pending")
+    if fake.jobs["7"].state == "COMPLETING":
+        finish_epilog(fake)
+    actuator.stop_when(lambda: False)  # the holder's reconcile finishes it
+    [settled] = actuator.reconcile()
+    assert settled.state == "done", settled.detail
+    assert [c[1] for c in fake.mutations()] == ["requeuehold", "update", "release"]
+
+
 def test_a_restarted_controller_releases_the_hold_of_a_shrink_it_left_waiting(store: ReclaimStore) -> None:
     fake, actuator, clock = slow_epilog(store)
     actuator.apply(plan("shrink", gpus_after=1), show(fake))
