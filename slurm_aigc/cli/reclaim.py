@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from slurm_aigc.db import DB_LONG_TIMEOUT_S, open_database
+from slurm_aigc.errors import DatabaseError
 from slurm_aigc.lease import LEARNER, PUBLISHER, Leases, only_while_held
 from slurm_aigc.policy.paths import find_policy
 from slurm_aigc.reclaim.actuator import ActionResult
@@ -191,8 +192,17 @@ def controller(config_file: str | None, db_url: str | None, interval_s: float | 
         status = loop.run(once=once)
     finally:
         if leases is not None:
-            leases.release()
+            _give_back(leases)
     raise SystemExit(1 if refused else status)
+
+
+def _give_back(leases: Leases) -> None:
+    """Release at exit; a database out of reach then only delays the standby until the leases
+    run out, and must not replace the run's exit status or the error that ended it."""
+    try:
+        leases.release()
+    except DatabaseError as error:
+        LOG.warning("slurm-aigc controller: leases not given back (they run out in %.0f s): %s", leases.lease_s, error)
 
 
 @click.group("idle")

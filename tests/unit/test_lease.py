@@ -255,6 +255,23 @@ def test_a_live_one_off_run_refuses_while_another_controller_holds_reclaim(tmp_p
     assert taken.hold(RECLAIM)  # the one-off run gave the lease back when it ended
 
 
+def test_a_lease_not_given_back_at_exit_leaves_the_runs_exit_status(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    fake = FakeSlurm(jobs={})
+    monkeypatch.setattr(cli, "SlurmCli", lambda: SlurmCli(runner=fake))
+
+    def unreachable(self: Leases) -> None:
+        raise DatabaseError("database error: (2013, 'Lost connection to MySQL server during query')")
+
+    monkeypatch.setattr(Leases, "release", unreachable)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("reclaim:\n  poll_interval_s: 10\n")
+    result = CliRunner().invoke(cli.controller, ["--config", str(policy), "--db", url, "--once", "--no-publisher",
+                                                 "--no-dry-run"])
+    assert result.exit_code == 0, (result.output, result.exception)  # the tick ran: 0, not the release's error
+    assert "0 running GPU job(s)" in result.output or "no GPU jobs" in result.output
+
+
 def test_the_lease_lasts_at_least_three_ticks(tmp_path: Path) -> None:
     policy = tmp_path / "policy.yaml"
     policy.write_text("reclaim:\n  lease_intervals: 2\n")
