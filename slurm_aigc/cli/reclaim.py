@@ -14,7 +14,7 @@ import click
 
 from slurm_aigc.db import DB_LONG_TIMEOUT_S, open_database
 from slurm_aigc.errors import DatabaseError
-from slurm_aigc.lease import LEARNER, PUBLISHER, Leases, only_while_held
+from slurm_aigc.lease import LEARNER, PUBLISHER, RECLAIM, Leases, only_while_held
 from slurm_aigc.policy.paths import find_policy
 from slurm_aigc.reclaim.actuator import ActionResult
 from slurm_aigc.reclaim.config import ReclaimConfig, load_reclaim_config
@@ -175,7 +175,9 @@ def controller(config_file: str | None, db_url: str | None, interval_s: float | 
 
     def tick() -> None:
         report = ctl.tick()
-        if retention is not None and not report.standby:  # retention goes with reclaim's lease
+        # Retention goes with reclaim's lease, judged again after the tick: one that ran past its
+        # lease's margin (a slow slurmctld) may have left it to a standby, which runs it now.
+        if retention is not None and not report.standby and (leases is None or leases.still_held(RECLAIM)):
             retention()
         for result in report.reconciled + report.results:
             (click.echo if once else LOG.warning)(result.line())

@@ -7,10 +7,11 @@ import threading
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from slurm_aigc.cli import reclaim as cli
 from slurm_aigc.db import Lease, open_database, transaction
@@ -270,6 +271,45 @@ def test_a_lease_not_given_back_at_exit_leaves_the_runs_exit_status(tmp_path: Pa
                                                  "--no-dry-run"])
     assert result.exit_code == 0, (result.output, result.exception)  # the tick ran: 0, not the release's error
     assert "0 running GPU job(s)" in result.output or "no GPU jobs" in result.output
+
+
+def test_retention_runs_only_while_this_process_holds_reclaim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Asked after the tick: a tick that ran out of its lease midway (a slow slurmctld) leaves
+    retention to the process that holds it by then (here another controller took it)."""
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    monkeypatch.setattr(cli, "SlurmCli", lambda: SlurmCli(runner=FakeSlurm(jobs={})))
+    ran: list[str] = []
+    monkeypatch.setattr(cli, "_retention", lambda config_file, db_url: lambda: ran.append("retention"))
+    other = Leases(open_database(url), LEASE_S, name="other-host")
+    original_tick = Controller.tick
+
+    def tick(self: Controller) -> Any:
+        report = original_tick(self)
+        ran.append("tick")
+        if len(ran) > 2:  # the second tick outlasted its lease, and the other host took it
+            assert self._leases is not None
+            self._leases._renewed_at = {key: asked - 3600.0 for key, asked in self._leases._renewed_at.items()}
+            with transaction(open_database(url)) as session:
+                session.execute(update(Lease).values(expires_at=0.0))
+            assert other.hold(RECLAIM)
+        return report
+
+    class TwoTicks:
+        def __init__(self, tick: Any, *_args: Any, **_kwargs: Any) -> None:
+            self.tick, self.stop_requested = tick, False
+
+        def run(self, once: bool) -> int:
+            self.tick()
+            self.tick()
+            return 0
+
+    monkeypatch.setattr(Controller, "tick", tick)
+    monkeypatch.setattr("slurm_aigc.daemonloop.DaemonLoop", TwoTicks)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("reclaim:\n  poll_interval_s: 10\n")
+    result = CliRunner().invoke(cli.controller, ["--config", str(policy), "--db", url, "--no-publisher", "--no-dry-run"])
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert ran == ["tick", "retention", "tick"]
 
 
 def test_the_lease_lasts_at_least_three_ticks(tmp_path: Path) -> None:
