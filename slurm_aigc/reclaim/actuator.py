@@ -178,12 +178,21 @@ class Actuator:
         self._pending_wait_s = pending_wait_s
         self._recheck_listing: tuple[float, dict[str, JobInfo]] | None = None  # (when listed, jobs by id)
         self._stopping: Callable[[], bool] = lambda: False
+        self._fenced: Callable[[], bool] = lambda: False
 
     def stop_when(self, stopping: Callable[[], bool]) -> None:
         """Start no further action of a batch once `stopping()` (the daemon got SIGTERM): a tick of
         ten shrinks, each waiting for its epilog, outlasts systemd's stop timeout, and a SIGKILL
         in the middle of an action leaves it for reconcile (a shrink's job held until then)."""
         self._stopping = stopping
+
+    def fence_when(self, fenced: Callable[[], bool]) -> None:
+        """Leave a shrink's wait for PENDING once `fenced()` (the reclaim lease ran out): the
+        wait can outlast the lease's margin, and the controller that takes the lease over then
+        reconciles the same shrink, so this one must neither lower the GPUs nor release the job.
+        A SIGTERM (`stop_when`) lets the shrink under way finish: left open, the job would stay
+        held until a controller runs again."""
+        self._fenced = fenced
 
     def apply_batch(self, batch: Sequence[tuple[PlannedAction, JobInfo]]) -> list[ActionResult]:
         """`apply` each (plan, job the tick decided on), in order; their re-checks may share a listing."""
@@ -380,8 +389,8 @@ class Actuator:
         if phase == "waiting":
             return {"open": f"requeued and held but not PENDING after {wait_s:.0f}s (epilog?); "
                             "released once it is (checked every tick)", "phase": "waiting_pending"}
-        if phase == "stopped":
-            return {"open": "requeued and held; this controller stopped or its lease ran out before the GPU update: "
+        if phase == "fenced":
+            return {"open": "requeued and held; this controller's lease ran out before the GPU update: "
                             "the controller holding the lease finishes it (reconcile)", "phase": "waiting_pending"}
         if phase != "held":
             return _unheld(phase, job, gpus_after)
@@ -415,20 +424,18 @@ class Actuator:
 
     def _wait_held(self, job_id: str, wait_s: float) -> tuple[str, JobInfo | None]:
         """Poll until the requeue-held job leaves COMPLETING: (phase, job), phase as `hold_phase`,
-        or ("stopped", None) once `stop_when`'s condition holds (SIGTERM, or the reclaim lease
-        running out: the wait, up to `pending_wait_s`, can outlast the lease's margin, and another
-        controller may then reconcile the same shrink).
+        or ("fenced", None) once `fence_when`'s condition holds.
 
         Polls the state alone (`squeue -j ID -o %A|%T`, one job), then reads the job once.
         """
         deadline = self._monotonic() + wait_s
         while True:
-            if self._stopping():
-                return "stopped", None
+            if self._fenced():
+                return "fenced", None
             state = self._slurm.job_state(job_id)
             if state is None or state in _SETTLED_STATES or self._monotonic() >= deadline:
                 job = self._slurm.job(job_id)
-                return ("stopped", None) if self._stopping() else (hold_phase(job), job)
+                return ("fenced", None) if self._fenced() else (hold_phase(job), job)
             self._sleep(1.0)
 
     def reconcile(self, *, dry_run: bool = False, only_jobs: frozenset[str] | None = None) -> list[ActionResult]:

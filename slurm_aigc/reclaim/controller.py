@@ -323,6 +323,7 @@ class Controller:
         # exist, e.g. tests, a dry-run `--once`), and a batch stops acting once the lease ran out.
         self._leases = leases
         self._actuator.stop_when(self._lease_lost)
+        self._actuator.fence_when(self._lease_lost)
 
     def set_config(self, config: ReclaimConfig, dry_run: bool | None = None) -> None:
         """Use a new, already validated config from the next tick on (SIGHUP).

@@ -348,9 +348,9 @@ def test_a_shrink_whose_lease_runs_out_mid_wait_is_left_to_the_holder(store: Rec
 
     def lease_lost() -> bool:
         polls["n"] += 1
-        return polls["n"] > lost_after_polls + 1  # the batch's own check comes first
+        return polls["n"] > lost_after_polls
 
-    actuator.stop_when(lease_lost)
+    actuator.fence_when(lease_lost)
     fake.pending_after_polls = original if lost_after_polls else 0  # 0: PENDING at the first poll
     result = actuator.apply(plan("shrink", gpus_after=1), show(fake))
     assert result.state == "intent" and "lease ran out" in result.detail["open"]
@@ -359,9 +359,28 @@ def test_a_shrink_whose_lease_runs_out_mid_wait_is_left_to_the_holder(store: Rec
     assert (row.state, row.detail["phase"]) == ("intent", "waiting_pending")
     if fake.jobs["7"].state == "COMPLETING":
         finish_epilog(fake)
-    actuator.stop_when(lambda: False)  # the holder's reconcile finishes it
+    actuator.fence_when(lambda: False)  # the holder's reconcile finishes it
     [settled] = actuator.reconcile()
     assert settled.state == "done", settled.detail
+    assert [c[1] for c in fake.mutations()] == ["requeuehold", "update", "release"]
+
+
+def test_a_sigterm_lets_the_shrink_under_way_finish(store: ReclaimStore) -> None:
+    # Left open, the job would stay held until a controller runs again (an admin stopping the
+    # daemon for maintenance): the stop only keeps the batch's next actions from starting.
+    fake, _, clock, _ = setup(store)
+    fake.pending_after_polls = 3
+    actuator = Actuator(SlurmCli(runner=fake), store, CONFIG, clock=clock, monotonic=clock, sleep=clock.sleep,
+                        pending_wait_s=5.0)
+    calls = {"n": 0}
+
+    def stopping() -> bool:
+        calls["n"] += 1
+        return calls["n"] > 1  # SIGTERM right after the shrink started
+
+    actuator.stop_when(stopping)
+    results = actuator.apply_batch([(plan("shrink", gpus_after=1), show(fake)), (plan("requeue", step=2), show(fake))])
+    assert [r.state for r in results] == ["done"], results
     assert [c[1] for c in fake.mutations()] == ["requeuehold", "update", "release"]
 
 
