@@ -544,12 +544,11 @@ local function shards_needed(t, vram, sm)
 end
 
 -- The most GiB one shard job may hold on type t, which the memory guard lets it use: the shards
--- the shard rule can ask there, for a vram up to max_fraction of the GPU, an SM up to max_sm, or
--- fewest_shards.
+-- the shard rule asks there for the largest job it shares (a vram of max_fraction of the GPU,
+-- an SM of max_sm).
 local function largest_shard_gib(t)
     local cfg = P.rewrites.shard
-    local shards = max(ceil(cfg.max_fraction * t.shards_per_gpu - 1e-9), ceil(cfg.max_sm * t.shards_per_gpu - 1e-9),
-        fewest_shards(t))
+    local shards = shards_needed(t, cfg.max_fraction * t.memory_gib, cfg.max_sm)
     return (shards < t.shards_per_gpu and shards or t.shards_per_gpu) * t.gib_per_shard
 end
 

@@ -19,9 +19,10 @@ allocation on it can fail, and at once when the whole-GPU job asked `share=no` (
 its own. Acting on every conflict was measured to cost more than it saves: in a backlogged
 16-node replay on 22.05 it requeued 17 shard jobs in 300 s (some three times), because in a
 busy cluster nearly every shard job whose partner on a GPU ends gets a whole-GPU job beside
-it, and most of those pairs fit in memory. The shard job is the one requeued, not the whole-GPU job: requeuing the
-newcomer would only free the GPU for the next whole-GPU job to land on, while requeuing the
-shard job ends the conflict and leaves Slurm's accounting right again (checked on 22.05.8).
+it, and most of those pairs fit in memory. The shard job is the one requeued, not the
+whole-GPU job: requeuing the newcomer would only free the GPU for the next whole-GPU job to
+land on, while requeuing the shard job ends the conflict and leaves Slurm's accounting right
+again (checked on 22.05.8).
 """
 
 from __future__ import annotations
