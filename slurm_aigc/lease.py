@@ -54,6 +54,7 @@ _HOLDER_LENGTH = 255  # Lease.holder
 _MARGIN = 0.2
 # `still_held` renews once this share of the lease has passed since the last renewal.
 _RENEW_AFTER = 0.5
+_RENEWED, _TAKEN = "renewed", "taken"  # how `_attempt` got the lease
 
 
 def process_name() -> str:
@@ -92,6 +93,7 @@ class Leases:
         self._renewed_at: dict[str, float] = {}
         self._standby_logged: dict[str, str] = {}
         self._why_not: dict[str, str] = {}  # key -> who held it at the last `hold` that failed
+        self._renewal_failed: set[str] = set()  # keys whose renewal in `still_held` met a database error
 
     def set_dry_run(self, dry_run: bool) -> None:
         """The controller's mode changed (SIGHUP): give back the leases of the old mode. The mode
@@ -106,6 +108,7 @@ class Leases:
                         ", ".join(sorted(self._renewed_at)), self.lease_s, error)
         finally:
             self._renewed_at.clear()
+            self._renewal_failed.clear()
             self._dry_run = dry_run
 
     def _key(self, part: str) -> str:
@@ -118,17 +121,20 @@ class Leases:
         """Renew the part's lease, or take it when it is free; False: another process holds it."""
         part = self._key(part)
         asked = self._monotonic()
-        taken, holder = self._attempt(part)
-        if not taken and holder is None:  # no row yet: made free, in a transaction of its own
+        how, holder = self._attempt(part)
+        if how is None and holder is None:  # no row yet: made free, in a transaction of its own
             self._create(part)
-            taken, holder = self._attempt(part)
-        if not taken:
+            how, holder = self._attempt(part)
+        if how is None:
             self._standby(part, holder)
             self._why_not[part] = holder.describe() if holder is not None else f"the {part} lease is not held"
             return False
-        if part not in self._renewed_at:
+        if how == _TAKEN:
             self._log_taken(part)
+        elif part not in self._renewed_at:  # still ours: only its local deadline had passed (`still_held`)
+            LOG.info("%s: renewed the %s lease after its local deadline: running it again", self.name, part)
         self._renewed_at[part] = asked
+        self._renewal_failed.discard(part)
         return True
 
     def why_not(self, part: str) -> str:
@@ -145,10 +151,20 @@ class Leases:
         elapsed = self._monotonic() - asked
         if elapsed < self.lease_s * _RENEW_AFTER:
             return True
-        if elapsed < self.lease_s * (1 - _MARGIN) and self.hold(part):
-            return True
+        if elapsed < self.lease_s * (1 - _MARGIN):
+            if key in self._renewal_failed:  # one try per renewal: an unreachable database is slow to fail
+                return True
+            try:
+                return self.hold(part)  # False: another process took it, and `_standby` said so
+            except DatabaseError as error:
+                # The deadline stands whatever the renewal did, so acting on until it passes is safe.
+                self._renewal_failed.add(key)
+                LOG.warning("%s: could not renew the %s lease, acting on until %.0f s after its last renewal: %s",
+                            self.name, key, self.lease_s * (1 - _MARGIN), error)
+                return True
         LOG.warning("%s: the %s lease ran out during the tick: the rest waits for the next", self.name, key)
         self._renewed_at.pop(key, None)
+        self._renewal_failed.discard(key)
         return False
 
     def holder(self, part: str) -> Holder | None:
@@ -165,6 +181,7 @@ class Leases:
         with transaction(self._factory) as session:
             session.execute(update(Lease).where(Lease.part.in_(held), Lease.holder == self.name).values(expires_at=0.0))
         self._renewed_at.clear()
+        self._renewal_failed.clear()
         LOG.info("%s: released the %s lease(s)", self.name, ", ".join(held))
 
     # ------------------------------------------------------------ statements
@@ -174,21 +191,21 @@ class Leases:
             return bindparam("now", self._clock())
         return literal_column(server_now_sql(connection.dialect.name))
 
-    def _attempt(self, part: str) -> tuple[bool, Holder | None]:
-        """One transaction: renew the lease, else take it if it has run out; (held, the holder
-        when not: None when the part has no row)."""
+    def _attempt(self, part: str) -> tuple[str | None, Holder | None]:
+        """One transaction: renew the lease, else take it if it has run out; (_RENEWED or _TAKEN,
+        None), or (None, the holder: None when the part has no row)."""
         with transaction(self._factory) as session:
             connection = session.connection()
             now = self._now(connection)
             renewed = connection.execute(update(Lease).where(Lease.part == part, Lease.holder == self.name)
                                          .values(expires_at=now + self.lease_s))
             if renewed.rowcount:
-                return True, None
+                return _RENEWED, None
             taken = connection.execute(update(Lease).where(Lease.part == part, Lease.expires_at < now)
                                        .values(holder=self.name, acquired_at=now, expires_at=now + self.lease_s))
             if taken.rowcount:
-                return True, None
-            return False, self._holder(connection, part, now)
+                return _TAKEN, None
+            return None, self._holder(connection, part, now)
 
     def _create(self, part: str) -> None:
         """The part's row, free (expired at 0), unless another process made it first.
@@ -213,6 +230,7 @@ class Leases:
 
     def _standby(self, part: str, holder: Holder | None) -> None:
         was_mine = self._renewed_at.pop(part, None) is not None
+        self._renewal_failed.discard(part)
         who = holder.name if holder is not None else ""
         if was_mine:
             LOG.warning("%s: lost the %s lease to %s: standing by", self.name, part, who)

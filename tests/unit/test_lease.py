@@ -171,6 +171,74 @@ def test_still_held_renews_after_half_the_lease_and_gives_up_before_its_end(tmp_
     assert b.hold(RECLAIM)
 
 
+def test_a_renewal_that_finds_the_lease_taken_warns_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The database's clock ran past the lease while a's own clock had not (a stalled host): the
+    renewal inside the tick finds b holding it. One event, one warning."""
+    now, mono = Clock(1000.0), Clock(0.0)
+    factory = open_database(f"sqlite:///{tmp_path / 'state.db'}")
+    a = Leases(factory, LEASE_S, name="ctl-a", clock=now, monotonic=mono)
+    b = Leases(factory, LEASE_S, name="ctl-b", clock=now)
+    assert a.hold(RECLAIM)
+    now.now = 1061.0
+    assert b.hold(RECLAIM)
+    mono.now = 40.0
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="slurm_aigc.lease"):
+        assert not a.still_held(RECLAIM)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ctl-a")]
+    assert said == ["ctl-a: lost the reclaim lease to ctl-b: standing by"]
+
+
+def test_a_lease_renewed_after_its_local_deadline_is_not_announced_as_taken(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A slow tick passed the local deadline, but no one took the row: the next tick renews it.
+    "took the lease" would tell an admin reading the logs that the controllers changed hands."""
+    now, mono = Clock(1000.0), Clock(0.0)
+    a = Leases(open_database(f"sqlite:///{tmp_path / 'state.db'}"), LEASE_S, name="ctl-a", clock=now, monotonic=mono)
+    assert a.hold(RECLAIM)
+    now.now, mono.now = 1050.0, 50.0
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="slurm_aigc.lease"):
+        assert not a.still_held(RECLAIM)  # 50 s of 60 is past the local deadline
+        assert a.hold(RECLAIM)  # the next tick: the row is still a's
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["ctl-a: the reclaim lease ran out during the tick: the rest waits for the next",
+                    "ctl-a: renewed the reclaim lease after its local deadline: running it again"]
+    assert a.still_held(RECLAIM)
+
+
+def test_a_renewal_the_database_refuses_leaves_the_lease_held_to_its_local_deadline(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The deadline was set before the last renewal was asked, so it holds whatever a later renewal
+    does: a database blip mid-tick must not abort the batch (or a shrink's wait) early, nor be
+    retried on every check (an unreachable server is slow to answer)."""
+    now, mono = Clock(1000.0), Clock(0.0)
+    a = Leases(open_database(f"sqlite:///{tmp_path / 'state.db'}"), LEASE_S, name="ctl-a", clock=now, monotonic=mono)
+    assert a.hold(RECLAIM)
+    tries: list[str] = []
+
+    def unreachable(part: str) -> None:
+        tries.append(part)
+        raise DatabaseError("database error: (2013, 'Lost connection to MySQL server during query')")
+
+    monkeypatch.setattr(a, "_attempt", unreachable)
+    with caplog.at_level(logging.WARNING, logger="slurm_aigc.lease"):
+        mono.now = 31.0
+        assert a.still_held(RECLAIM)
+        mono.now = 47.0
+        assert a.still_held(RECLAIM)
+        assert tries == [RECLAIM]
+        assert "ctl-a: could not renew the reclaim lease, acting on until 48 s after its last renewal" in caplog.text
+        mono.now = 48.0
+        assert not a.still_held(RECLAIM)
+    monkeypatch.undo()
+    now.now, mono.now = 1050.0, 50.0
+    assert a.hold(RECLAIM)  # back: renewed, and a later failure is tried once again
+    monkeypatch.setattr(a, "_attempt", unreachable)
+    mono.now = 80.0
+    assert a.still_held(RECLAIM) and tries == [RECLAIM, RECLAIM]
+
+
 def test_the_part_a_process_does_not_hold_is_not_run(tmp_path: Path) -> None:
     a, b = pair(f"sqlite:///{tmp_path / 'state.db'}", Clock(1000.0))
     ran: list[str] = []
