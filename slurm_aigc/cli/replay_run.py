@@ -10,8 +10,10 @@ from typing import Any
 import click
 
 from slurm_aigc.cli.replay_traces import GeneratorChoice, generator_options, positive_float, workload_from_traces
+from slurm_aigc.errors import ClusterError
 from slurm_aigc.localcluster.config import NOOP_HOOK_LUA, TEST_USERS
 from slurm_aigc.localcluster.manager import LocalCluster
+from slurm_aigc.localcluster.shape import parse_shape
 from slurm_aigc.policy.paths import default_policy
 from slurm_aigc.policy.site import load_site_policy
 from slurm_aigc.replay.compare import (
@@ -76,6 +78,12 @@ def useful_rule(policy: Path | None) -> tuple[UsefulRule, list[str]]:
                      f"{', '.join(sorted(by_class))} set their own (reclaim and `slurm-aigc report` use them)"]
 
 
+def per_mode(settings: RunSettings) -> list[tuple[str, RunSettings]]:
+    """`compare`'s runs in MODES order. A given database is the slurm-aigc run's alone: stock Slurm
+    runs no controller to use a learned table, and its agents' samples must not join that history."""
+    return [(mode, dataclasses.replace(settings, mode=mode, db=settings.db if mode == "aigc" else None)) for mode in MODES]
+
+
 @click.command("run")
 @click.option("--workload", "workload_path", type=click.Path(path_type=Path, dir_okay=False, exists=True), required=True)
 @click.option("--mode", type=click.Choice(MODES), default="aigc", show_default=True,
@@ -117,28 +125,37 @@ def run_workload_command(workload_path: Path, mode: str, policy: Path | None, ou
 @click.option("--out-dir", type=click.Path(path_type=Path, file_okay=False), default=Path("replay-out"), show_default=True)
 @click.option("--timeout", "timeout_s", type=float, default=1800.0, show_default=True, help="Per run.")
 @backlog_option
+@click.option("--db", "db", default=None, metavar="URL|FILE",
+              help="The slurm-aigc run's database, kept as it is (e.g. an earlier run's, for a warm learned "
+                   "table); the stock run always gets a fresh one.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 def compare(workload_path: Path | None, shape: str, policy: Path | None, out_dir: Path, timeout_s: float,
-            backlog: int | None, as_json: bool, **generator: Any) -> None:
+            backlog: int | None, as_json: bool, db: str | None = None, **generator: Any) -> None:
     """Run the same workload on stock Slurm and on slurm-aigc; print the figures side by side.
 
     With --backlog K --duration-s D both runs take the same ordered job stream and keep K jobs
     pending for D seconds (backlogged mode); without, jobs arrive at their workload offsets.
     """
     duration_s = generator["duration_s"] or (60 * generator["minutes"] if generator["minutes"] else None)
-    settings = local_run_settings(policy, out_dir, timeout_s, backlog=backlog, duration_s=duration_s)
+    settings = local_run_settings(policy, out_dir, timeout_s, backlog=backlog, duration_s=duration_s, db=db)
     if backlog and generator.get("load_target") is None:
         generator["load_target"] = BACKLOG_LOAD
-    cluster = LocalCluster(progress=_progress)
-    cluster.up(shape, install=False, replace=True)
-    workload = _workload(workload_path, generator, cluster)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_workload(workload, out_dir / "workload.csv")
+    # Everything that can be refused is, before the cluster is replaced: the shape, the workload
+    # (its `# compression:` line too) and the policy.
+    try:
+        capacity_gpus = parse_shape(shape).total_gpus
+    except ClusterError as error:
+        raise click.BadParameter(str(error), param_hint="--shape") from error
+    workload = _workload(workload_path, generator, capacity_gpus)
     rule, rule_notes = useful_rule(policy)
     reach = [*compression_lines(workload, policy, duration_s if backlog else None), *rule_notes]
     for line in reach:
         click.echo(line, err=True)
-    stock, aigc = run_modes(workload, MODES, settings, cluster, _progress)
+    cluster = LocalCluster(progress=_progress)
+    cluster.up(shape, install=False, replace=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_workload(workload, out_dir / "workload.csv")
+    stock, aigc = [run_modes(workload, [mode], each, cluster, _progress)[0] for mode, each in per_mode(settings)]
     plot = plot_utilization([stock, aigc], out_dir / "utilization.png", useful=rule)
     extra = {
         "shape": shape, "jobs": len(workload.jobs), "workload": str(out_dir / "workload.csv"),
@@ -163,11 +180,11 @@ def compare(workload_path: Path | None, shape: str, policy: Path | None, out_dir
     click.echo(f"\nplot: {plot}\njson: {out_dir / 'compare.json'}")
 
 
-def _workload(workload_path: Path | None, generator: dict[str, Any], cluster: LocalCluster) -> Workload:
+def _workload(workload_path: Path | None, generator: dict[str, Any], capacity_gpus: int) -> Workload:
     if workload_path is not None:
         return read_workload(workload_path)
     if generator.get("capacity_gpus") is None:
-        generator["capacity_gpus"] = cluster.shape().total_gpus
+        generator["capacity_gpus"] = capacity_gpus
     if generator.get("max_jobs") is None:
         # The generator's default cap (150) suits the 24-GPU cluster; keep the same jobs per GPU on bigger shapes.
         generator["max_jobs"] = max(150, 3 * generator["capacity_gpus"])

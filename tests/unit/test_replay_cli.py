@@ -359,3 +359,68 @@ def test_from_sacct_reads_sacct_only_up_to_now_and_refuses_too_many_windows(tmp_
     old = CliRunner().invoke(replay, ["--from-sacct", "--no-samples", "--since", "1970-01-01",
                                       "-o", str(tmp_path / "w.csv")], obj=env)
     assert "at most 2,000" in str(old.exception) and calls == [], old.exception
+
+
+def test_compare_says_which_compression_applies_and_refuses_bad_input_before_the_cluster(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 14.6 on `compare`: the compression line and the window warning come first; a workload
+    or shape it refuses must not have replaced the running cluster on the way."""
+    from slurm_aigc.cli import replay_run
+
+    touched: list[str] = []
+
+    class NoCluster:
+        def __init__(self, **kwargs: object) -> None:
+            touched.append("cluster")
+
+        def up(self, *args: object, **kwargs: object) -> None:
+            raise RuntimeError("stop before the runs")
+
+    monkeypatch.setattr(replay_run, "LocalCluster", NoCluster)
+    hand = tmp_path / "hand.csv"
+    hand.write_text(HAND_WRITTEN)
+    result = CliRunner().invoke(replay, ["compare", "--workload", str(hand), "--policy", str(SHIPPED_POLICY),
+                                         "--out-dir", str(tmp_path / "out")])
+    assert isinstance(result.exception, RuntimeError) and touched == ["cluster"]
+    assert "compression 1 (the workload has no `# compression:` line)" in result.output
+    assert "class finetune: reclaim needs grace 600 s + window 1800 s" in result.output
+    touched.clear()
+    bad = tmp_path / "bad.csv"
+    bad.write_text("# compression: fast\n" + HAND_WRITTEN)
+    refused = CliRunner().invoke(replay, ["compare", "--workload", str(bad), "--policy", str(SHIPPED_POLICY)])
+    assert refused.exit_code == 2 and "compression" in refused.output and touched == []
+    shape = CliRunner().invoke(replay, ["compare", "--workload", str(hand), "--shape", "v100:8x2"])
+    assert shape.exit_code == 2 and "unknown GPU type 'v100'" in shape.output and touched == []
+
+
+def test_compare_gives_its_database_to_the_slurm_aigc_run_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`compare --db` (a warm learned table): stock Slurm runs no controller, and its agents'
+    samples must not join the slurm-aigc run's history."""
+    from slurm_aigc.cli import replay_run
+
+    class Cluster:
+        def __init__(self, **kwargs: object) -> None:
+            pass
+
+        def up(self, *args: object, **kwargs: object) -> None:
+            pass
+
+    runs: list[tuple[str, str | None]] = []
+
+    def run_modes(workload: object, modes: Sequence[str], settings: replay_run.RunSettings, *args: object) -> list[object]:
+        runs.append((settings.mode, settings.db))
+        if settings.mode == "aigc":
+            raise RuntimeError("both runs seen")
+        return [None]
+
+    monkeypatch.setattr(replay_run, "LocalCluster", Cluster)
+    monkeypatch.setattr(replay_run, "run_modes", run_modes)
+    hand = tmp_path / "hand.csv"
+    hand.write_text(HAND_WRITTEN)
+    common = ["compare", "--workload", str(hand), "--policy", str(SHIPPED_POLICY), "--out-dir", str(tmp_path / "out")]
+    result = CliRunner().invoke(replay, [*common, "--db", "/var/lib/warm.url"])
+    assert isinstance(result.exception, RuntimeError), result.output
+    assert runs == [("stock", None), ("aigc", "/var/lib/warm.url")]
+    runs.clear()
+    CliRunner().invoke(replay, common)
+    assert runs == [("stock", None), ("aigc", None)]
