@@ -1134,11 +1134,15 @@ end
 -- A job whose tag gives no `type` (or that has no tag): its owner's learned entry for its name
 -- fills the keys the tag leaves out (class, vram), so the rules (shard, vram_fit, nvlink,
 -- whole_as_shards, class_defaults) apply as if the user had tagged them. `view.learned` = {class, vram, sm, key}
--- (sm 0..1, read by rule_shard). Submit only, never root's jobs (never rewritten), never an
--- interactive job's, never a job without GPUs: a CPU job named like its owner's GPU jobs (the
--- data preparation before them) would get the GPU class's qos and time limit.
+-- (sm 0..1, read by rule_shard). A job tagged with a `type` keeps its tag whole; its history
+-- refines only the SM it is expected to draw (`view.learned` = {sm, key}), and only a history of
+-- the class it declares: the class default is a guess for every user's jobs of that class, the
+-- key's highest SM is this user's own measure for jobs of this name. Submit only, never root's
+-- jobs (never rewritten), never an interactive job's, never a job without GPUs: a CPU job named
+-- like its owner's GPU jobs (the data preparation before them) would get the GPU class's qos and
+-- time limit.
 local function learned_defaults(view, tags)
-    if not LEARNED or view.modify or view.uid == 0 or (tags and tags.type) then return tags end
+    if not LEARNED or view.modify or view.uid == 0 then return tags end
     if not asks_gpu(view) then return tags end
     local key = learned_key(get(view, "name"))
     if key == "" then return tags end
@@ -1147,6 +1151,10 @@ local function learned_defaults(view, tags)
     -- Learning cannot grant `interactive` (learned.py), nor take it away: an salloc named like
     -- its owner's batch jobs stays an exempt session. Checked last: it may read the script.
     if not entry or is_interactive(view) then return tags end
+    if tags and tags.type then
+        if entry.class == tags.type and entry.sm then view.learned = { sm = entry.sm, key = key } end
+        return tags
+    end
     view.learned = { class = entry.class, vram = entry.vram, sm = entry.sm, key = key }
     tags = tags or {}
     local used = {}

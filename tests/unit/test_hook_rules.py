@@ -321,6 +321,34 @@ def test_learned_defaults_never_take_interactive_away(tmp_path: Path) -> None:
     assert set(session.changes) == {"admin_comment"} and session.messages == []
 
 
+def test_a_tagged_jobs_history_refines_its_expected_sm_and_nothing_else(tmp_path: Path) -> None:
+    """Issue 14.3: the class default is refined from the agents' history per user, name and class.
+    A tagged job keeps its class and vram; the SM its owner's jobs of that name and class drew
+    decides its shard request, either way."""
+    table = tmp_path / "learned.txt"
+    table.write_bytes(b"# slurm-aigc learned defaults v1\n"
+                      b"1001 llama3-8b-chat infer 30 0.2 5 5 - aigc-alice\n"
+                      b"1001 sdxl-serve infer 12 0.9 5 5 - aigc-alice\n"
+                      b"1001 mixed-name train 70 0.2 5 5 - aigc-alice\n")
+    hook = runtime_for(tmp_path, learned={"enabled": True, "file": str(table), "refresh_seconds": 0, "max_entries": 100})
+    light = submit(hook, name="llama3-8b-chat-0007", comment="aigc:type=infer,vram=7G", tres_per_node="gres:gpu:1")
+    # SM 0.2 is 16 of an a100's 80 shards (five such jobs per a100), and 16 also fits a t4's 16:
+    # both types keep it. The class default (0.5) asked for 8 shards, of t4s only.
+    assert light.changes["tres_per_node"] == ("gres:gpu:1", "gres:shard:16")
+    assert any("SM 0.2 (learned) -> 16 shard(s)" in line for line in light.messages)
+    stamp = trusted_tags(light.after["admin_comment"])
+    assert stamp["class"] == "infer" and "learned" not in stamp  # its class is its tag's: evidence for the learner
+    assert not any("from your earlier jobs" in line for line in light.messages)  # nothing filled in
+    heavy = submit(hook, name="sdxl-serve-2", comment="aigc:type=infer,vram=7G", tres_per_node="gres:gpu:1")
+    assert "tres_per_node" not in heavy.changes  # its history computes above max_sm: a GPU of its own
+    other = submit(hook, name="mixed-name-1", comment="aigc:type=infer,vram=7G", tres_per_node="gres:gpu:1")
+    assert any("SM 0.5 (class) -> 8 shard(s)" in line for line in other.messages)  # a train history says nothing of infer
+    vram = submit(hook, name="llama3-8b-chat-0008", comment="aigc:type=infer", tres_per_node="gres:gpu:1")
+    assert "tres_per_node" not in vram.changes  # the tag gave no vram, and a tagged job's is never filled in
+    bob = submit(hook, uid=1002, name="llama3-8b-chat-0007", comment="aigc:type=infer,vram=7G", tres_per_node="gres:gpu:1")
+    assert any("SM 0.5 (class)" in line for line in bob.messages)  # alice's history is hers
+
+
 def test_learned_defaults_leave_jobs_without_gpus_alone(tmp_path: Path) -> None:
     # The owner's GPU jobs named `prep` were learned as infer; their CPU-only data preparation,
     # named alike, must not get the infer class (its qos, its time limit) from the table.
