@@ -296,7 +296,9 @@ def _print_learned(learned: dict[str, Any]) -> None:
         click.echo("learned: no entry for this key")
     else:
         entry = learned["entry"]
-        click.echo(f"learned: class={entry['class'] or '-'} vram={entry['vram_gib'] or '-'}G sm={entry['sm']} "
+        vram = "-" if entry["vram_gib"] is None else f"{entry['vram_gib']}G"
+        sm = "-" if entry["sm"] is None else entry["sm"]
+        click.echo(f"learned: class={entry['class'] or '-'} vram={vram} sm={sm} "
                    f"from {entry['jobs']} job(s), class from {entry['class_jobs']}")
         click.echo(f"learned: why: {learned['why']}")
 

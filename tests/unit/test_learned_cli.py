@@ -86,6 +86,9 @@ def test_classify_says_why_a_wide_key_has_no_vram(tmp_path: Path) -> None:
     learned_part = json.loads(result.output)["learned"]
     assert learned_part["entry"]["p50_peak_mib"] == 3000.0
     assert "median 3000 MiB to a p95 30000 MiB, over max_vram_spread 2x" in learned_part["why"]
+    text = CliRunner().invoke(classify, ["--policy", str(policy), "--partitions-from", "none", "--user", "root",
+                                         "--name", "sd-gen-0042", "--gres", "gpu:1"])
+    assert "learned: class=imagegen vram=- sm=0.4 from 6 job(s)" in text.output  # no VRAM learned: not "-G"
 
 
 def test_untagged_fraction_strips_tags_deterministically_and_nothing_else(tmp_path: Path) -> None:

@@ -134,3 +134,19 @@ def test_a_job_name_with_control_characters_cannot_rewrite_the_admins_terminal()
 
 def test_hours_keep_precision_for_short_jobs() -> None:
     assert [render.fmt_hours(h) for h in (0.0, 0.01234, 4.5, 1234.56)] == ["0", "0.0123", "4.50", "1234.6"]
+
+
+def test_every_format_shows_useful_work_beside_the_sm_figure() -> None:
+    """Issue 14.2: `report` shows useful utilization beside the SM figure, in each format."""
+    report = sample_report()
+    header = render.render_table(report).splitlines()[2]
+    columns = [c for c in re.split(r"\s{2,}", header.strip()) if c]
+    assert columns.index("useful eff") == columns.index("GPU-h useful") + 1 == columns.index("eff") + 2
+    train = next(r for r in csv.DictReader(io.StringIO(render.render_csv(report)))
+                 if r["class"] == "train" and r["user"] == "aigc-alice")
+    # 101's samples carry no power reading, so none is fake-busy: all 1.6 SM GPU-hours are work.
+    assert float(train["gpu_hours_useful"]) == pytest.approx(1.6) and float(train["useful_efficiency"]) == pytest.approx(0.4)
+    data = json.loads(render.render_json(report))
+    alice = next(g for g in data["groups"] if g["group"] == {"class": "train", "user": "aigc-alice"})
+    assert alice["gpu_hours_useful"] == pytest.approx(1.6) and alice["useful_efficiency"] == pytest.approx(0.4)
+    assert "useful eff" in render.render_html(report)
