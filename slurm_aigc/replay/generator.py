@@ -14,7 +14,7 @@ How a workload is made, per trace source:
    minutes) until the whole-GPU demand reaches `load_target` x `capacity_gpus` x
    `arrival_window_s` (times the source's share of the mix) or the job cap is hit;
 3. each job draws a usage pattern (busy, bursty, idle tail, over-allocated, hung) from its
-   class's `UsageMix`, because no trace records GPU utilization, and gets a profile, a time
+   class's `UsageMix`, because no trace file used records GPU utilization, and gets a profile, a time
    limit, VRAM, memory use, utilization, tags and a user.
 """
 
@@ -58,9 +58,10 @@ class GeneratorError(AigcError):
 class UsageMix:
     """Probabilities (weights, normalized) of each usage pattern for one class.
 
-    Traces record allocations, not utilization, so these are assumptions: surveys of
-    production GPU clusters find inference servers idle for long stretches and a few
-    training jobs hung or using fewer GPUs than they hold.
+    The trace files used record allocations, not utilization, so these weights are this
+    project's assumptions, not measured or cited figures: serving idles between and after
+    request bursts, and a few training jobs hang or use fewer GPUs than they hold.
+    docs/replay.md ("What the assumptions rest on") says what each one drives.
     """
 
     busy: float
@@ -85,7 +86,7 @@ class ClassParams:
 
 @dataclass(frozen=True)
 class GeneratorParams:
-    """Every assumption the generator makes; docs/replay.md explains each one."""
+    """Every assumption the generator makes; docs/replay.md gives each one's basis (a source or "assumption")."""
 
     seed: int = 1
     # Time: trace seconds per replay second, for arrivals and durations alike.
