@@ -1,13 +1,16 @@
 """Where each GPU-second of a `replay compare` went: per GPU type, free or held, by job class and phase.
 
-    .venv/bin/python benchmarks/bench_gpu_time.py --out-dir DIR [--since-minutes 90]
+    .venv/bin/python benchmarks/bench_gpu_time.py --out-dir DIR [--since-minutes 90] [--aigc-db URL|FILE]
 
 Run it right after `slurm-aigc replay compare ... --out-dir DIR` on the local cluster, before
 another replay: it reads each leg's samples from that leg's scratch database on the cluster's
 MariaDB (`slurm_aigc_scratch_replay_stock`, `..._aigc`), the workload the legs ran
 (`DIR/workload.csv`: each job's class, GPUs, VRAM and usage profile) and, from sacct (as JSON,
 through the report's reader), the names of the jobs that ran in the last `--since-minutes`
-(job id -> workload job; both legs submit the same names under their own ids).
+(job id -> workload job; both legs submit the same names under their own ids). A compare run
+with `--db` (a warm learned table) kept its slurm-aigc leg's samples there, beside earlier
+runs': pass the same `--aigc-db`, and a `--since-minutes` that covers this compare only (15),
+since the leg starts at the first sample of a job sacct names.
 
 For every GPU sample of the judged window (the first `duration_s` of the leg, compare.json):
 - free: no job held the GPU at that poll;
@@ -62,8 +65,8 @@ def phase_at(profile: tuple[tuple[str, float], ...], seconds: float) -> str:
     return "after"
 
 
-def leg(mode: str, workload: Workload, names: dict[str, str], window_s: float) -> None:
-    factory = open_database(str(LocalCluster().db_url_file(f"scratch-replay_{mode}")), create=False)
+def leg(mode: str, workload: Workload, names: dict[str, str], window_s: float, db: str | None = None) -> None:
+    factory = open_database(db or str(LocalCluster().db_url_file(f"scratch-replay_{mode}")), create=False)
     with factory() as session:
         gpus = session.execute(text("SELECT ts, node, gpu_index, sm_util_pct, power_draw_w, power_limit_w "
                                     "FROM gpu_samples")).all()
@@ -72,6 +75,8 @@ def leg(mode: str, workload: Workload, names: dict[str, str], window_s: float) -
         print(f"{mode}: no samples in its scratch database", file=sys.stderr)
         return
     start = min(row[0] for row in gpus)
+    if db is not None:  # a kept database holds earlier runs too: this leg starts with its first job's sample
+        start = min((ts for ts, _node, _index, job_id in held if job_id.split("_")[0] in names), default=start)
     jobs = {job.name: job for job in workload.jobs}
     first: dict[tuple[str, str, int], float] = {}
     on: dict[tuple[str, int, int], list[str]] = collections.defaultdict(list)
@@ -83,7 +88,7 @@ def leg(mode: str, workload: Workload, names: dict[str, str], window_s: float) -
     totals: collections.Counter[str] = collections.Counter()
     movable: dict[str, float] = collections.defaultdict(float)
     for ts, node, index, util, power, limit in gpus:
-        if ts - start > window_s:
+        if not 0 <= ts - start <= window_s:
             continue
         kind = node.rsplit("-", 1)[0]
         totals[kind] += 1
@@ -121,12 +126,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out-dir", type=Path, required=True, help="the `replay compare` output folder")
     parser.add_argument("--since-minutes", type=float, default=90.0, help="sacct window holding both legs")
+    parser.add_argument("--aigc-db", default=None, metavar="URL|FILE",
+                        help="the slurm-aigc leg's database when the compare was given --db (default: its scratch one)")
     args = parser.parse_args(argv)
     compare = json.loads((args.out_dir / "compare.json").read_text())
     workload = read_workload(args.out_dir / "workload.csv")
     names = job_names(args.since_minutes)
     for mode in ("stock", "aigc"):
-        leg(mode, workload, names, float(compare[mode]["duration_s"]))
+        leg(mode, workload, names, float(compare[mode]["duration_s"]), args.aigc_db if mode == "aigc" else None)
     return 0
 
 
