@@ -9,8 +9,9 @@ MariaDB (`slurm_aigc_scratch_replay_stock`, `..._aigc`), the workload the legs r
 through the report's reader), the names of the jobs that ran in the last `--since-minutes`
 (job id -> workload job; both legs submit the same names under their own ids). A compare run
 with `--db` (a warm learned table) kept its slurm-aigc leg's samples there, beside earlier
-runs': pass the same `--aigc-db`, and a `--since-minutes` that covers this compare only (15),
-since the leg starts at the first sample of a job sacct names.
+runs': pass the same `--aigc-db`, and a `--since-minutes` that covers this compare (both legs) and no earlier run
+into that database, since the leg starts at the first sample of a job sacct names (its first
+job's sample, a few seconds after the first GPU sample, which starts the stock leg).
 
 For every GPU sample of the judged window (the first `duration_s` of the leg, compare.json):
 - free: no job held the GPU at that poll;
@@ -125,10 +126,15 @@ def leg(mode: str, workload: Workload, names: dict[str, str], window_s: float, d
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out-dir", type=Path, required=True, help="the `replay compare` output folder")
-    parser.add_argument("--since-minutes", type=float, default=90.0, help="sacct window holding both legs")
+    parser.add_argument("--since-minutes", type=float, default=None,
+                        help="sacct window holding both legs (default 90; with --aigc-db required: this compare only)")
     parser.add_argument("--aigc-db", default=None, metavar="URL|FILE",
                         help="the slurm-aigc leg's database when the compare was given --db (default: its scratch one)")
     args = parser.parse_args(argv)
+    if args.aigc_db and args.since_minutes is None:
+        # The kept database holds earlier runs too; the leg starts at the first job sacct names.
+        parser.error("--aigc-db needs --since-minutes covering this compare and no earlier run into that database")
+    args.since_minutes = 90.0 if args.since_minutes is None else args.since_minutes
     compare = json.loads((args.out_dir / "compare.json").read_text())
     workload = read_workload(args.out_dir / "workload.csv")
     names = job_names(args.since_minutes)

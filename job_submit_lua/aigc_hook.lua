@@ -1061,7 +1061,7 @@ end
 -- Learned defaults for untagged jobs (policy `learned:`; slurm_aigc/telemetry/learned.py says
 -- how the controller learns them and why each rule exists). Most jobs carry no tag, so the
 -- rules above would give them nothing; their owner's earlier jobs with a similar name tell
--- the class, the VRAM need and the SM share.
+-- the class, the VRAM need and the SM share (the SM also for tagged jobs of that class).
 
 local LEARNED = P.learned and P.learned.enabled and P.learned or nil
 local PATTERN_READ = 128  -- bytes of the name a key is made from (learned.py PATTERN_READ)
@@ -1148,11 +1148,14 @@ local function learned_defaults(view, tags)
     if key == "" then return tags end
     -- %d: slurmctld pushes the uid as a Lua number, a float in Lua 5.3+ ("1001.0" by tostring).
     local entry = learned_entries()[format("%d", view.uid) .. " " .. key]
+    if not entry then return tags end
+    local typed = tags and tags.type
+    if typed and not (entry.class == typed and entry.sm) then return tags end
     -- Learning cannot grant `interactive` (learned.py), nor take it away: an salloc named like
     -- its owner's batch jobs stays an exempt session. Checked last: it may read the script.
-    if not entry or is_interactive(view) then return tags end
-    if tags and tags.type then
-        if entry.class == tags.type and entry.sm then view.learned = { sm = entry.sm, key = key } end
+    if is_interactive(view) then return tags end
+    if typed then
+        view.learned = { sm = entry.sm, key = key }
         return tags
     end
     view.learned = { class = entry.class, vram = entry.vram, sm = entry.sm, key = key }

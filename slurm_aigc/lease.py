@@ -157,11 +157,15 @@ class Leases:
             try:
                 return self.hold(part)  # False: another process took it, and `_standby` said so
             except DatabaseError as error:
-                # The deadline stands whatever the renewal did, so acting on until it passes is safe.
+                # The deadline stands whatever the renewal did, so acting on until it passes is safe;
+                # judged again now, since a server that stopped answering fails slowly (the read
+                # timeout can outlast the lease).
                 self._renewal_failed.add(key)
-                LOG.warning("%s: could not renew the %s lease, acting on until %.0f s after its last renewal: %s",
-                            self.name, key, self.lease_s * (1 - _MARGIN), error)
-                return True
+                if self._monotonic() - asked < self.lease_s * (1 - _MARGIN):
+                    LOG.warning("%s: could not renew the %s lease, acting on until %.0f s after its last renewal: %s",
+                                self.name, key, self.lease_s * (1 - _MARGIN), error)
+                    return True
+                LOG.warning("%s: could not renew the %s lease: %s", self.name, key, error)
         LOG.warning("%s: the %s lease ran out during the tick: the rest waits for the next", self.name, key)
         self._renewed_at.pop(key, None)
         self._renewal_failed.discard(key)

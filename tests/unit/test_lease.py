@@ -239,6 +239,26 @@ def test_a_renewal_the_database_refuses_leaves_the_lease_held_to_its_local_deadl
     assert a.still_held(RECLAIM) and tries == [RECLAIM, RECLAIM]
 
 
+def test_a_renewal_that_fails_slowly_past_the_deadline_lets_the_lease_go(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A server that stops answering fails a query only at the read timeout (60 s), longer than the
+    lease: by then a standby may hold it, so the deadline is judged again after the failure."""
+    now, mono = Clock(1000.0), Clock(0.0)
+    a = Leases(open_database(f"sqlite:///{tmp_path / 'state.db'}"), LEASE_S, name="ctl-a", clock=now, monotonic=mono)
+    assert a.hold(RECLAIM)
+
+    def hangs_then_fails(part: str) -> None:
+        mono.now += 60.0
+        raise DatabaseError("database error: (2013, 'Lost connection to MySQL server during query')")
+
+    monkeypatch.setattr(a, "_attempt", hangs_then_fails)
+    mono.now = 31.0
+    with caplog.at_level(logging.WARNING, logger="slurm_aigc.lease"):
+        assert not a.still_held(RECLAIM)  # asked at 31 s, failed at 91 s: past 48 s
+    assert "the reclaim lease ran out during the tick" in caplog.text
+    assert not a.still_held(RECLAIM)
+
+
 def test_the_part_a_process_does_not_hold_is_not_run(tmp_path: Path) -> None:
     a, b = pair(f"sqlite:///{tmp_path / 'state.db'}", Clock(1000.0))
     ran: list[str] = []
