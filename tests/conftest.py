@@ -8,6 +8,7 @@ import os
 import shlex
 import socket
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ from slurm_aigc.errors import DatabaseError
 from slurm_aigc.localcluster.config import SCRATCH_DATABASE_PREFIX, TEST_DATABASE_PREFIX
 from slurm_aigc.localcluster.manager import LocalCluster
 from slurm_aigc.localcluster.shape import DEFAULT_SHAPE
+from slurm_aigc.replay.metrics import END_STATES
 from slurm_aigc.slurm import SlurmCli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,6 +62,7 @@ def cluster() -> Iterator[ClusterHandle]:
     local = LocalCluster(progress=lambda message: print(f"[cluster] {message}", file=sys.stderr))
     wanted = os.environ.get("SLURM_AIGC_TEST_SHAPE") or (None if local.is_up() else DEFAULT_SHAPE)
     shape = local.up(wanted, install=os.environ.get("SLURM_AIGC_TEST_INSTALL") == "1", replace=True)
+    cancel_leftover_jobs(local.slurm)
     yield ClusterHandle(
         slurm=local.slurm,
         state_dir=local.state_dir,
@@ -68,6 +71,26 @@ def cluster() -> Iterator[ClusterHandle]:
         nodes=[node.name for node in shape.nodes],
         local=local,
     )
+
+
+def cancel_leftover_jobs(slurm: SlurmCli, timeout_s: float = 60.0) -> None:
+    """Cancel every job the cluster still holds or queues, and wait until each has ended.
+
+    Each test cancels its own jobs, but a run killed before that cleanup leaves them, and
+    slurmctld restores them when the cluster restarts: one such job (`reclaim-idle`, requeued
+    into the next run) held a t4 through a later CI run, and every shard test on that node
+    timed out waiting for a GPU (2026-12-06).
+    """
+    def live() -> list[str]:
+        return [job.user for job in slurm.jobs() if job.state.split()[0] not in END_STATES]
+
+    for user in sorted(set(live())):
+        slurm.run("scancel", ["-u", user])
+    deadline = time.monotonic() + timeout_s
+    while left := live():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{len(left)} job(s) left by an earlier run did not end within {timeout_s:.0f} s of scancel")
+        time.sleep(0.5)
 
 
 @pytest.fixture
